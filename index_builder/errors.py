@@ -1,0 +1,51 @@
+"""The project's error hierarchy.
+
+Every error a user can cause is one of these; the gRPC layer maps each class to one status code in one
+function, so messages must name the bad value and say what is allowed.
+"""
+
+from __future__ import annotations
+
+
+class HybridRagError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class InvalidRequest(HybridRagError, ValueError):
+    """The caller sent something we cannot serve (bad query, out-of-range option, malformed filter)."""
+
+
+class CorpusError(HybridRagError, ValueError):
+    """A corpus file is missing or malformed; the message names the file and the line."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+        self.path = path
+        self.line = line
+
+
+class SnapshotError(HybridRagError):
+    """A snapshot folder is missing, incomplete, corrupt, or was built with other settings or models."""
+
+
+class ModelError(HybridRagError):
+    """A model folder or id cannot be resolved or loaded."""
+
+
+class ConfigError(HybridRagError, ValueError):
+    """A configuration file or override is invalid."""
+
+
+class IndexNotReady(HybridRagError):
+    """No index is loaded yet (the service answers UNAVAILABLE)."""
+
+
+class Overloaded(HybridRagError):
+    """Admission control refused the request (RESOURCE_EXHAUSTED)."""
+
+
+class BackendError(HybridRagError):
+    """A downstream backend (generation server, model runtime) failed."""

@@ -1,0 +1,312 @@
+"""The snapshot format: an immutable folder per index generation, and the ``CURRENT`` pointer.
+
+Layout of an index root::
+
+    ROOT/CURRENT                      text: "snapshots/gen-000007" (replaced atomically, after fsync)
+    ROOT/snapshots/gen-000007/
+        documents.jsonl               one document per line: id, title, text, tenant, metadata (table order)
+        chunks.npy                    structured (doc int32, start int32, end int32): chunk -> document + char span
+        bm25/                         bm25s sparse index over the chunks (Lucene-like analysis, see manifest)
+        vectors.npy                   float32 [chunks, dim], unit length (exact search, rebuilds without re-embedding)
+        hnsw.faiss                    faiss IndexHNSWFlat, inner product, same rows as vectors.npy
+        token_vectors.npy             float16 [tokens, tdim] unit length (late interaction), optional
+        token_offsets.npy             int64 [chunks + 1]: chunk i owns rows offsets[i]:offsets[i+1]
+        manifest.json                 written last: format version, counts, models, settings, sha256 of every file
+
+A folder is built under a temporary name and renamed into place once complete, so ``CURRENT`` can only ever
+point at a complete snapshot. Loading verifies the manifest and refuses any mismatch, saying what differs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bm25s
+import faiss
+import numpy as np
+
+from index_builder.chunking import CHUNK_DTYPE
+from index_builder.errors import SnapshotError
+from index_builder.models import sha256_file
+from index_builder.types import Document
+
+log = logging.getLogger(__name__)
+
+FORMAT = "hybridrag-snapshot"
+FORMAT_VERSION = 1
+CURRENT = "CURRENT"
+SNAPSHOTS = "snapshots"
+# Files whose loss disables dense search but still lets BM25 serve.
+DENSE_FILES = frozenset({"hnsw.faiss", "vectors.npy"})
+_GEN_RE = re.compile(r"^gen-(\d{6,})$")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb+") as f:
+                os.fsync(f.fileno())
+    for d in sorted({p.parent for p in path.rglob("*")} | {path}, key=lambda q: -len(q.parts)):
+        _fsync_dir(d)
+
+
+def list_generations(root: Path) -> list[int]:
+    snaps = Path(root) / SNAPSHOTS
+    if not snaps.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in snaps.iterdir() if (m := _GEN_RE.match(p.name)) and p.is_dir())
+
+
+def generation_dir(root: Path, generation: int) -> Path:
+    return Path(root) / SNAPSHOTS / f"gen-{generation:06d}"
+
+
+def current_snapshot_dir(root: Path) -> Path:
+    """The folder ``CURRENT`` points at; a clear error if there is none."""
+    root = Path(root)
+    pointer = root / CURRENT
+    if not pointer.is_file():
+        if (root / "manifest.json").is_file():  # a snapshot folder given directly
+            return root
+        raise SnapshotError(f"{root} is not an index: it has no {CURRENT} file (build one with 'hybridrag build')")
+    rel = pointer.read_text(encoding="utf-8").strip()
+    target = (root / rel).resolve()
+    if not (target / "manifest.json").is_file():
+        raise SnapshotError(f"{pointer} points at {rel}, which has no manifest.json")
+    return target
+
+
+@dataclass
+class SnapshotParts:
+    """Everything a snapshot holds, in memory, ready to be written."""
+
+    documents: list[Document]
+    chunks: np.ndarray  # CHUNK_DTYPE
+    bm25: bm25s.BM25
+    vectors: np.ndarray  # float32 [chunks, dim]
+    hnsw: faiss.Index
+    token_vectors: np.ndarray | None  # float16 [tokens, tdim]
+    token_offsets: np.ndarray | None  # int64 [chunks + 1]
+    settings: dict[str, Any]  # models, analyzer, bm25, hnsw, chunking: recorded verbatim in the manifest
+    covered_seq: int = 0  # the document store's sequence number this snapshot includes (live index)
+
+
+def write_documents(path: Path, docs: list[Document]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"_id": d.id, "title": d.title, "text": d.text, "tenant": d.tenant,
+                                "metadata": d.metadata}, ensure_ascii=False) + "\n")
+
+
+def read_documents(path: Path) -> list[Document]:
+    with open(path, encoding="utf-8") as f:
+        return [Document(id=o["_id"], title=o["title"], text=o["text"], tenant=o["tenant"], metadata=o["metadata"])
+                for o in map(json.loads, f)]
+
+
+def write_snapshot(root: Path, parts: SnapshotParts, *, keep_last: int = 0) -> Path:
+    """Write a new generation under ``root`` and point ``CURRENT`` at it. Returns the snapshot folder.
+
+    ``keep_last`` > 0 removes older generations beyond the newest ``keep_last`` (never the one written).
+    """
+    root = Path(root)
+    (root / SNAPSHOTS).mkdir(parents=True, exist_ok=True)
+    generation = (max(list_generations(root), default=0)) + 1
+    final = generation_dir(root, generation)
+    tmp = root / SNAPSHOTS / f".tmp-gen-{generation:06d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    n_chunks = len(parts.chunks)
+    if parts.chunks.dtype != CHUNK_DTYPE:
+        raise SnapshotError(f"chunks must have dtype {CHUNK_DTYPE}, got {parts.chunks.dtype}")
+    if parts.vectors.shape[0] != n_chunks or parts.hnsw.ntotal != n_chunks:
+        raise SnapshotError(f"{n_chunks} chunks but {parts.vectors.shape[0]} vectors and {parts.hnsw.ntotal} HNSW rows")
+
+    write_documents(tmp / "documents.jsonl", parts.documents)
+    np.save(tmp / "chunks.npy", parts.chunks)
+    parts.bm25.save(str(tmp / "bm25"), show_progress=False)
+    np.save(tmp / "vectors.npy", np.ascontiguousarray(parts.vectors, dtype=np.float32))
+    faiss.write_index(parts.hnsw, str(tmp / "hnsw.faiss"))
+    counts = {"documents": len(parts.documents), "chunks": n_chunks, "token_vectors": 0}
+    if parts.token_vectors is not None and parts.token_offsets is not None:
+        if len(parts.token_offsets) != n_chunks + 1 or parts.token_offsets[-1] != len(parts.token_vectors):
+            raise SnapshotError("token_offsets do not match the chunks and token vectors")
+        np.save(tmp / "token_vectors.npy", parts.token_vectors)
+        np.save(tmp / "token_offsets.npy", parts.token_offsets.astype(np.int64))
+        counts["token_vectors"] = int(len(parts.token_vectors))
+
+    files = {}
+    for p in sorted(tmp.rglob("*")):
+        if p.is_file():
+            files[p.relative_to(tmp).as_posix()] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "generation": generation,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "covered_seq": parts.covered_seq,
+        "counts": counts,
+        "dim": int(parts.vectors.shape[1]),
+        **parts.settings,
+        "files": files,
+    }
+    with open(tmp / "manifest.json", "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    for p in tmp.rglob("*"):
+        if p.is_file():
+            p.chmod(0o444)
+    _fsync_tree(tmp)
+    os.replace(tmp, final)
+    _fsync_dir(root / SNAPSHOTS)
+    point_current(root, final)
+    if keep_last > 0:
+        prune(root, keep_last)
+    return final
+
+
+def point_current(root: Path, snapshot: Path) -> None:
+    """Replace ``CURRENT`` atomically (write a temporary file, fsync it, ``os.replace``, fsync the folder)."""
+    tmp = root / f".{CURRENT}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(snapshot.relative_to(root).as_posix() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / CURRENT)
+    _fsync_dir(root)
+
+
+def prune(root: Path, keep_last: int) -> list[Path]:
+    """Remove all but the newest ``keep_last`` generations (never the one ``CURRENT`` points at)."""
+    current = current_snapshot_dir(root)
+    removed = []
+    for g in list_generations(root)[:-keep_last]:
+        d = generation_dir(root, g)
+        if d.resolve() != current:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+@dataclass
+class LoadedSnapshot:
+    """A verified snapshot in memory (large arrays memory-mapped, read-only)."""
+
+    path: Path
+    manifest: dict[str, Any]
+    documents: list[Document]
+    chunks: np.ndarray
+    bm25: bm25s.BM25
+    vectors: np.ndarray | None  # None, like hnsw, when the dense side could not be loaded
+    hnsw: faiss.Index | None  # None when the dense index could not be loaded (BM25 serves alone)
+    token_vectors: np.ndarray | None
+    token_offsets: np.ndarray | None
+    dense_error: str | None = None
+
+    @property
+    def generation(self) -> int:
+        return int(self.manifest["generation"])
+
+
+def read_manifest(snapshot: Path) -> dict[str, Any]:
+    try:
+        with open(Path(snapshot) / "manifest.json", encoding="utf-8") as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise SnapshotError(f"{snapshot} has no manifest.json: not a snapshot, or an incomplete one") from None
+    except json.JSONDecodeError as e:
+        raise SnapshotError(f"{snapshot}/manifest.json is not valid JSON: {e}") from None
+    if manifest.get("format") != FORMAT:
+        raise SnapshotError(f"{snapshot} is not a {FORMAT} folder (format={manifest.get('format')!r})")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise SnapshotError(
+            f"{snapshot} has format version {manifest.get('format_version')}, this build reads version "
+            f"{FORMAT_VERSION}: rebuild the index with 'hybridrag build'"
+        )
+    return manifest
+
+
+def verify_files(snapshot: Path, manifest: dict[str, Any], *, checksums: bool = True) -> dict[str, str]:
+    """Problems with the snapshot's files, by file name: missing, wrong size, wrong sha256 (empty when sound)."""
+    problems = {}
+    for name, meta in manifest["files"].items():
+        p = Path(snapshot) / name
+        if not p.is_file():
+            problems[name] = "missing"
+        elif p.stat().st_size != meta["bytes"]:
+            problems[name] = f"{p.stat().st_size} bytes, manifest says {meta['bytes']}"
+        elif checksums and sha256_file(p) != meta["sha256"]:
+            problems[name] = "sha256 differs from the manifest (file changed or corrupt)"
+    return problems
+
+
+def check_settings(manifest: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Refuse a snapshot whose recorded settings differ from the configured ones, naming each difference.
+
+    ``expected`` maps a dotted manifest key (``models.embedder.sha256``) to the configured value.
+    """
+    diffs = []
+    for key, want in expected.items():
+        have: Any = manifest
+        for part in key.split("."):
+            have = have.get(part) if isinstance(have, dict) else None
+        if have != want:
+            diffs.append(f"{key}: snapshot has {have!r}, configuration has {want!r}")
+    if diffs:
+        raise SnapshotError("snapshot does not match the configuration (rebuild it, or configure what it was "
+                            "built with): " + "; ".join(diffs))
+
+
+def load_snapshot(root: Path, *, expected: dict[str, Any] | None = None, checksums: bool = True,
+                  dense_required: bool = False) -> LoadedSnapshot:
+    """Load the snapshot ``CURRENT`` points at (or a snapshot folder), verifying it first.
+
+    A missing or corrupt dense index (HNSW file) is not fatal unless ``dense_required``: the snapshot loads
+    without it and ``dense_error`` says why, so BM25 can serve alone.
+    """
+    path = current_snapshot_dir(Path(root))
+    manifest = read_manifest(path)
+    check_settings(manifest, expected or {})
+    problems = verify_files(path, manifest, checksums=checksums)
+    described = "; ".join(f"{name}: {why}" for name, why in problems.items())
+    if (set(problems) - DENSE_FILES) or (problems and dense_required):
+        raise SnapshotError(f"snapshot {path} failed verification: {described}")
+    documents = read_documents(path / "documents.jsonl")
+    chunks = np.load(path / "chunks.npy")
+    bm25 = bm25s.BM25.load(str(path / "bm25"), mmap=True, show_progress=False, load_vocab=True)
+    vectors = None if "vectors.npy" in problems else np.load(path / "vectors.npy", mmap_mode="r")
+    hnsw, dense_error = None, None
+    if problems:
+        dense_error = described
+        log.error("dense index of %s unusable (%s): BM25 will serve alone", path, dense_error)
+    else:
+        try:
+            hnsw = faiss.read_index(str(path / "hnsw.faiss"))
+        except Exception as e:  # corrupt beyond what a checksum catches (checksums off)
+            dense_error = f"hnsw.faiss: {e}"
+            log.error("cannot read %s/hnsw.faiss (%s): BM25 will serve alone", path, e)
+    token_vectors = token_offsets = None
+    if (path / "token_vectors.npy").is_file():
+        token_vectors = np.load(path / "token_vectors.npy", mmap_mode="r")
+        token_offsets = np.load(path / "token_offsets.npy")
+    counts = manifest["counts"]
+    if len(documents) != counts["documents"] or len(chunks) != counts["chunks"]:
+        raise SnapshotError(f"snapshot {path}: counts differ from the manifest ({counts})")
+    return LoadedSnapshot(path, manifest, documents, chunks, bm25, vectors, hnsw, token_vectors, token_offsets,
+                          dense_error)

@@ -1,0 +1,65 @@
+"""Chunk scores to document scores: a document scores as its best chunk (MaxP)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from index_builder.types import Hits
+
+
+def doc_starts(chunk_doc: np.ndarray, n_docs: int) -> np.ndarray:
+    """First chunk of each document; chunks are stored grouped by document, every document has >= 1 chunk.
+
+    >>> doc_starts(np.array([0, 0, 1, 2, 2, 2]), 3).tolist()
+    [0, 2, 3]
+    """
+    starts = np.searchsorted(chunk_doc, np.arange(n_docs), side="left")
+    return starts.astype(np.int64)
+
+
+def top_docs_from_chunk_scores(scores: np.ndarray, starts: np.ndarray, k: int, *, valid: np.ndarray | None = None,
+                               min_score: float | None = None) -> Hits:
+    """Best ``k`` documents from a score per chunk (all chunks): max per document, then top-k.
+
+    Shapes: ``scores`` float [n_chunks]; ``starts`` int64 [n_docs]; ``valid`` bool [n_docs] or None.
+    Documents scoring <= ``min_score`` (when given) or not ``valid`` are left out.
+
+    >>> h = top_docs_from_chunk_scores(np.array([0.1, 0.9, 0.5, 0.2]), np.array([0, 2, 3]), 2)
+    >>> h.doc.tolist(), h.chunk.tolist()
+    ([0, 1], [1, 2])
+    """
+    if len(starts) == 0:
+        return Hits.empty()
+    doc_scores = np.maximum.reduceat(scores, starts)
+    keep = np.ones(len(doc_scores), dtype=bool) if valid is None else valid.copy()
+    if min_score is not None:
+        keep &= doc_scores > min_score
+    candidates = np.flatnonzero(keep)
+    if len(candidates) == 0:
+        return Hits.empty()
+    cand_scores = doc_scores[candidates]
+    if len(candidates) > k:
+        part = np.argpartition(-cand_scores, k - 1)[:k]
+        candidates, cand_scores = candidates[part], cand_scores[part]
+    order = np.lexsort((candidates, -cand_scores))
+    docs, top_scores = candidates[order], cand_scores[order]
+    ends = np.append(starts[1:], len(scores))
+    chunks = np.array([starts[d] + int(np.argmax(scores[starts[d]:ends[d]])) for d in docs], dtype=np.int64)
+    return Hits(docs.astype(np.int64), top_scores.astype(np.float32), chunks)
+
+
+def top_docs_from_chunk_hits(chunk_ids: np.ndarray, chunk_scores: np.ndarray, chunk_doc: np.ndarray, k: int) -> Hits:
+    """Best ``k`` documents from a ranked chunk list (ids best first, -1 = padding): first chunk seen per doc wins.
+
+    >>> h = top_docs_from_chunk_hits(np.array([4, 5, 1, -1]), np.array([.9, .8, .7, 0]), np.array([0, 0, 1, 1, 2, 2]), 5)
+    >>> h.doc.tolist(), h.chunk.tolist()
+    ([2, 0], [4, 1])
+    """
+    valid = chunk_ids >= 0
+    chunk_ids, chunk_scores = chunk_ids[valid], chunk_scores[valid]
+    docs = chunk_doc[chunk_ids]
+    _, first = np.unique(docs, return_index=True)
+    first.sort()  # keep rank order
+    first = first[:k]
+    return Hits(docs[first].astype(np.int64), chunk_scores[first].astype(np.float32),
+                chunk_ids[first].astype(np.int64))

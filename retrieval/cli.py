@@ -1,0 +1,236 @@
+"""``hybridrag`` command line: build, eval, search, quickstart.
+
+The edge of the program: only here are arguments parsed, config files and the environment read, and logging set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from index_builder.errors import HybridRagError
+
+log = logging.getLogger("hybridrag")
+
+SAMPLE_DIR = Path(__file__).resolve().parent.parent / "data" / "sample"
+
+
+def _config(args: argparse.Namespace, overrides: dict[str, Any] | None = None):
+    from retrieval.config import load_config
+
+    return load_config(getattr(args, "config", None), overrides=overrides)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML configuration file (see README: Configuration)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="ONNX Runtime intra-op threads and faiss OpenMP threads (0 = library default)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def _thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.threads:
+        return {}
+    import faiss
+
+    faiss.omp_set_num_threads(args.threads)
+    return {"embedder": {"runtime": {"intra_op_threads": args.threads}}}
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from index_builder.build import build_snapshot
+    from index_builder.corpus import read_corpus
+
+    config = _config(args, _thread_overrides(args))
+    t = time.perf_counter()
+    docs, report = read_corpus(args.corpus, skip_bad=args.skip_bad)
+    if report.skipped:
+        print(f"skipped {report.skipped} bad line(s); first: {report.errors[0]}", file=sys.stderr)
+    print(f"read {len(docs)} documents from {report.path} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    summary = build_snapshot(docs, Path(args.out), config.build_config(), progress=not args.quiet)
+    print(summary.line() + "; stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.timings.items()))
+    return 0
+
+
+def _open_pipeline(index_dir: Path, config):
+    from index_builder.models import Embedder
+    from retrieval.index import SearchIndex
+    from retrieval.pipeline import Pipeline
+
+    embedder = Embedder(config.embedder)
+    index = SearchIndex.load(index_dir, config, embedder)
+    return Pipeline(index, embedder, config)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from retrieval.filters import Filter
+
+    config = _config(args, _thread_overrides(args))
+    pipeline = _open_pipeline(Path(args.index), config)
+    meta = dict(kv.split("=", 1) for kv in args.filter)
+    for query in args.query:
+        res = pipeline.search(query, args.k, filter=Filter.of(args.tenant, meta),
+                              stages=args.stages.split(",") if args.stages else ("bm25", "dense"))
+        if args.json:
+            print(json.dumps(_result_json(pipeline, query, res)))
+            continue
+        timings = ", ".join(f"{k} {v:.1f}" for k, v in res.timings_ms.items())
+        print(f"\n{query}\n  ({timings} ms{'; degraded: ' + str(res.skipped) if res.degraded else ''})")
+        for rank, (d, s, c) in enumerate(zip(res.hits.doc, res.hits.scores, res.hits.chunk, strict=False), 1):
+            doc = pipeline.index.documents[d]
+            text = " ".join(pipeline.index.passage(int(c)).split())
+            print(f"  {rank:2d}. {doc.id:<14} {s:.4f}  {doc.title[:40]!r}: {text[:90]}...")
+    pipeline.close()
+    return 0
+
+
+def _result_json(pipeline, query: str, res) -> dict[str, Any]:
+    idx = pipeline.index
+    return {"query": query, "generation": res.generation, "degraded": res.degraded, "skipped": res.skipped,
+            "timings_ms": {k: round(v, 3) for k, v in res.timings_ms.items()},
+            "hits": [{"id": idx.documents[d].id, "score": float(s), "chunk": int(c),
+                      "title": idx.documents[d].title, "text": idx.passage(int(c))}
+                     for d, s, c in zip(res.hits.doc, res.hits.scores, res.hits.chunk, strict=False)]}
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from retrieval.evaluate import hnsw_recall, load_qrels, load_queries, run_stages, summarize, write_trec
+
+    config = _config(args, _thread_overrides(args))
+    dataset = Path(args.dataset)
+    qrels = load_qrels(dataset, args.split)
+    all_queries = load_queries(dataset)
+    queries = {q: all_queries[q] for q in qrels if q in all_queries}
+    if args.limit:
+        queries = dict(list(queries.items())[: args.limit])
+    tmp = None
+    index_dir = Path(args.index) if args.index else None
+    if index_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="hybridrag-eval-")
+        index_dir = Path(tmp.name)
+    build_info = None
+    if not (index_dir / "CURRENT").exists():
+        from index_builder.build import build_snapshot
+        from index_builder.corpus import read_corpus
+
+        docs, _ = read_corpus(dataset)
+        summary = build_snapshot(docs, index_dir, config.build_config(), progress=not args.quiet)
+        print(summary.line(), file=sys.stderr)
+        build_info = {"seconds": round(summary.seconds, 1), "chunks": summary.chunks,
+                      "bytes": summary.bytes_on_disk, "timings": {k: round(v, 1) for k, v in summary.timings.items()}}
+    pipeline = _open_pipeline(index_dir, config)
+    # warm-up: first calls pay for lazy initialisation
+    for text in list(queries.values())[:5]:
+        pipeline.search(text, 10)
+    stages = run_stages(pipeline, queries, depth=100)
+    summary_stages = summarize(stages, qrels)
+    out: dict[str, Any] = {"dataset": dataset.name, "split": args.split, "queries": len(queries),
+                           "stages": summary_stages, "index": str(index_dir), "generation": pipeline.index.generation,
+                           "embedder": pipeline.embedder.describe(), "threads": args.threads or "default",
+                           "config": {"fusion": vars(config.fusion), "dense": vars(config.dense),
+                                      "chunking": vars(config.chunking), "analyzer": vars(config.analyzer),
+                                      "bm25": vars(config.bm25), "hnsw": vars(config.hnsw)}}
+    if "dense" in stages:
+        out["hnsw_recall@100"] = hnsw_recall(stages["dense"].hits, stages["dense_exact"].hits)
+    if build_info:
+        out["build"] = build_info
+    print(f"{dataset.name} ({args.split}, {len(queries)} queries)")
+    print(f"{'stage':<12} {'nDCG@10':>8} {'R@100':>7} {'QPS':>8} {'p50 ms':>7} {'p99 ms':>7}")
+    for name, m in summary_stages.items():
+        print(f"{name:<12} {m['ndcg@10']:>8.4f} {m['recall@100']:>7.4f} {m['qps']:>8.1f} {m['p50_ms']:>7.2f} "
+              f"{m['p99_ms']:>7.2f}")
+    if "hnsw_recall@100" in out:
+        print(f"HNSW recall@100 vs exact: {out['hnsw_recall@100']:.4f} (ef_search={config.dense.ef_search})")
+    if args.run_dir:
+        run_dir = Path(args.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name, st in stages.items():
+            write_trec(run_dir / f"{name}.trec", st.run, f"hybridrag-{name}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    pipeline.close()
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    """Build the bundled sample corpus's index and answer a few of its queries."""
+    out = Path(args.out)
+    build = argparse.Namespace(config=args.config, threads=args.threads, corpus=str(SAMPLE_DIR / "corpus.jsonl"),
+                               out=str(out), skip_bad=False, quiet=True, verbose=args.verbose)
+    cmd_build(build)
+    from retrieval.evaluate import load_queries
+
+    queries = list(load_queries(SAMPLE_DIR).values())[:3]
+    search = argparse.Namespace(config=args.config, threads=args.threads, index=str(out), query=queries, k=3,
+                                tenant="", filter=[], stages="", json=False, verbose=args.verbose)
+    return cmd_search(search)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hybridrag", description="Hybrid BM25 + dense retrieval service")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("build", help="build an index snapshot from a corpus (BEIR corpus.jsonl(.gz) or JSONL)")
+    p.add_argument("--corpus", required=True, help="corpus file, or a BEIR dataset folder")
+    p.add_argument("--out", required=True, help="index root folder (snapshots/ and CURRENT are written there)")
+    p.add_argument("--skip-bad", action="store_true", help="skip malformed lines and report how many")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_common(p)
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("search", help="answer queries from an index")
+    p.add_argument("--index", required=True)
+    p.add_argument("query", nargs="+")
+    p.add_argument("-k", type=int, default=5)
+    p.add_argument("--tenant", default="")
+    p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE", help="metadata equality filter")
+    p.add_argument("--stages", default="", help="comma-separated subset of bm25,dense (default both, fused)")
+    p.add_argument("--json", action="store_true", help="one JSON object per query")
+    _add_common(p)
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("eval", help="BEIR evaluation: nDCG@10, Recall@100, HNSW recall, QPS per stage")
+    p.add_argument("--dataset", required=True, help="BEIR dataset folder (corpus, queries.jsonl, qrels/)")
+    p.add_argument("--index", help="index root; built there if it has no CURRENT (default: a temporary folder)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--json", help="write the figures as JSON here")
+    p.add_argument("--run-dir", help="write one TREC run file per stage here")
+    p.add_argument("--limit", type=int, default=0, help="only the first N queries")
+    p.add_argument("--quiet", action="store_true")
+    _add_common(p)
+    p.set_defaults(func=cmd_eval)
+
+    from index_builder.export import add_parser as add_models_parser
+
+    add_models_parser(sub)
+
+    p = sub.add_parser("quickstart", help="build the sample corpus index and answer sample queries")
+    p.add_argument("--out", default="indexes/sample")
+    _add_common(p)
+    p.set_defaults(func=cmd_quickstart)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("bm25s").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    try:
+        return args.func(args)
+    except HybridRagError as e:
+        print(f"hybridrag {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Configuration: one frozen dataclass per component, assembled into :class:`AppConfig` at the edge.
+
+Sources, later ones winning: the defaults below, a TOML file (``--config``), environment variables
+``HYBRIDRAG_<SECTION>__<KEY>`` (e.g. ``HYBRIDRAG_FUSION__K=40``; lists comma-separated:
+``HYBRIDRAG_EMBEDDER__RUNTIME__PROVIDERS=CUDAExecutionProvider,CPUExecutionProvider``), then CLI flags.
+Only :func:`load_config` reads files or the environment; everything below it receives values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from index_builder.analysis import AnalyzerConfig
+from index_builder.build import BM25Config, BuildConfig, HNSWConfig
+from index_builder.chunking import ChunkConfig
+from index_builder.errors import ConfigError
+from index_builder.models import EmbedderConfig
+from retrieval.dense import DenseConfig
+
+ENV_PREFIX = "HYBRIDRAG_"
+
+
+@dataclass(frozen=True)
+class FusionConfig:
+    """RRF: ``score = sum_r w_r / (k + rank_r)``. Chosen on SciFact train + NFCorpus dev (see README)."""
+
+    k: float = 60.0
+    bm25_weight: float = 1.0
+    dense_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.k <= 0 or self.bm25_weight < 0 or self.dense_weight < 0:
+            raise ValueError(f"fusion needs k > 0 and weights >= 0, got {self}")
+
+
+@dataclass(frozen=True)
+class FirstStageConfig:
+    """``candidates``: top-N taken from each retriever before fusion; ``max_k``/``max_candidates``: request limits."""
+
+    candidates: int = 100
+    max_k: int = 100
+    max_candidates: int = 1000
+    max_query_chars: int = 2048
+    parallel: bool = True  # BM25 and dense search run concurrently in the worker pool
+    workers: int = 4
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.candidates <= self.max_candidates:
+            raise ValueError(f"candidates must be in [1, {self.max_candidates}], got {self.candidates}")
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    verify_checksums: bool = True  # sha256 every snapshot file at load (seconds for GBs of token vectors)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    token_vectors: bool = True
+    keep_snapshots: int = 3
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    chunking: ChunkConfig = field(default_factory=ChunkConfig)
+    analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
+    bm25: BM25Config = field(default_factory=BM25Config)
+    hnsw: HNSWConfig = field(default_factory=HNSWConfig)
+    build: BuildOptions = field(default_factory=BuildOptions)
+    dense: DenseConfig = field(default_factory=DenseConfig)
+    fusion: FusionConfig = field(default_factory=FusionConfig)
+    first_stage: FirstStageConfig = field(default_factory=FirstStageConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+
+    def build_config(self) -> BuildConfig:
+        return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,
+                           hnsw=self.hnsw, token_vectors=self.build.token_vectors,
+                           keep_snapshots=self.build.keep_snapshots)
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    """Convert a TOML or environment value to the annotated type (strings from the environment are parsed)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return _from_dict(tp, value, where)
+    if origin in (tuple, list):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (inner, *_) = typing.get_args(tp) or (str,)
+        return tuple(_coerce(inner, v, where) for v in value)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _coerce(args[0], value, where)
+    try:
+        if tp is bool:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            if not isinstance(value, bool):
+                raise ValueError(value)
+            return value
+        if tp is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(value)
+            return int(value)
+        if tp is float:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        if tp is str:
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return value
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}") from None
+    return value
+
+
+def _from_dict(cls: Any, data: Mapping[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"{where or 'config'}: unknown key(s) {sorted(unknown)}; known: {sorted(names)}")
+    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise ConfigError(f"{where or 'config'}: {e}") from None
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``HYBRIDRAG_A__B=v`` -> ``{"a": {"b": "v"}}``; ``HF_HUB_OFFLINE=1`` -> embedder.hf_offline."""
+    out: dict[str, Any] = {}
+    for key, value in environ.items():
+        if key.startswith(ENV_PREFIX) and "__" in key:
+            path = key[len(ENV_PREFIX):].lower().split("__")
+            node = out
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = value
+    if environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        out = _merge(out, {"embedder": {"hf_offline": "true"}})
+    return out
+
+
+def load_config(path: str | Path | None = None, *, environ: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> AppConfig:
+    """Defaults <- TOML file <- environment <- explicit overrides (CLI flags), validated into an AppConfig."""
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    data = _merge(data, env_overrides(os.environ if environ is None else environ))
+    data = _merge(data, overrides or {})
+    return _from_dict(AppConfig, data, "")

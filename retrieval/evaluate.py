@@ -1,0 +1,149 @@
+"""BEIR-style evaluation: nDCG@10 and Recall@100 per stage, HNSW recall against exact search, single-thread QPS.
+
+Follows ``beir.retrieval.evaluation.EvaluateRetrieval.evaluate`` exactly: qrels read with integer grades
+(graded nDCG on NFCorpus), only queries present in the split's qrels are run, results whose document id equals
+the query id are dropped (``ignore_identical_ids=True``), ``pytrec_eval`` computes ``ndcg_cut.10`` and
+``recall.100``, and the mean is taken over the queries pytrec_eval scores.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytrec_eval
+
+from index_builder.errors import CorpusError
+from index_builder.types import Hits
+from retrieval.filters import Filter
+from retrieval.index import SearchIndex
+from retrieval.pipeline import Pipeline
+
+Run = dict[str, dict[str, float]]
+Qrels = dict[str, dict[str, int]]
+
+
+def load_queries(dataset: Path) -> dict[str, str]:
+    path = Path(dataset) / "queries.jsonl"
+    if not path.is_file():
+        raise CorpusError("no queries.jsonl in the dataset folder", path=str(dataset))
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    o = json.loads(line)
+                    out[str(o["_id"])] = o["text"]
+                except (json.JSONDecodeError, KeyError) as e:
+                    raise CorpusError(f"bad query line ({e})", path=str(path), line=lineno) from None
+    return out
+
+
+def load_qrels(dataset: Path, split: str = "test") -> Qrels:
+    path = Path(dataset) / "qrels" / f"{split}.tsv"
+    if not path.is_file():
+        raise CorpusError(f"no qrels for split {split!r}", path=str(path))
+    qrels: Qrels = {}
+    with open(path, encoding="utf-8") as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
+        next(reader)  # header
+        for row in reader:
+            if row:
+                qrels.setdefault(row[0], {})[row[1]] = int(row[2])
+    return qrels
+
+
+def evaluate(qrels: Qrels, run: Run, *, ignore_identical_ids: bool = True) -> dict[str, float]:
+    """Mean nDCG@10 and Recall@100 over the queries pytrec_eval scores (BEIR's convention)."""
+    if ignore_identical_ids:
+        run = {q: {d: s for d, s in docs.items() if d != q} for q, docs in run.items()}
+    evaluator = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"})
+    scores = evaluator.evaluate(run)
+    n = max(len(scores), 1)
+    return {"ndcg@10": round(sum(s["ndcg_cut_10"] for s in scores.values()) / n, 5),
+            "recall@100": round(sum(s["recall_100"] for s in scores.values()) / n, 5),
+            "queries": len(scores)}
+
+
+def hits_to_run(index: SearchIndex, hits: Hits) -> dict[str, float]:
+    """Document ids -> scores; scores are made strictly decreasing in rank order so that every tool re-sorting
+    by score (pytrec_eval, trec_eval) sees exactly our ranking, ties included."""
+    out: dict[str, float] = {}
+    n = len(hits)
+    for rank, (d, s) in enumerate(zip(hits.doc.tolist(), hits.scores.tolist(), strict=False)):
+        out[index.documents[d].id] = float(n - rank) if not np.isfinite(s) else float(s) + (n - rank) * 1e-9
+    return out
+
+
+def write_trec(path: Path, run: Run, tag: str) -> None:
+    """TREC run format: ``qid Q0 docid rank score tag``, best first."""
+    with open(path, "w", encoding="utf-8") as f:
+        for qid in sorted(run):
+            ranked = sorted(run[qid].items(), key=lambda kv: -kv[1])
+            for rank, (doc, score) in enumerate(ranked, 1):
+                f.write(f"{qid} Q0 {doc} {rank} {score:.6f} {tag}\n")
+
+
+@dataclass
+class StageRun:
+    run: Run = field(default_factory=dict)
+    seconds: list[float] = field(default_factory=list)
+    hits: dict[str, Hits] = field(default_factory=dict)
+
+
+def run_stages(pipeline: Pipeline, queries: Mapping[str, str], *, depth: int = 100,
+               progress: Callable[[int], None] | None = None) -> dict[str, StageRun]:
+    """Run each stage alone per query, timing each call (query embedding included in the dense stages)."""
+    index = pipeline.index
+    stages = {name: StageRun() for name in ("bm25", "dense", "dense_exact", "fused")}
+
+    def record(name: str, qid: str, hits: Hits, seconds: float) -> None:
+        st = stages[name]
+        st.run[qid] = hits_to_run(index, hits)
+        st.seconds.append(seconds)
+        st.hits[qid] = hits
+
+    for i, (qid, text) in enumerate(queries.items()):
+        t = time.perf_counter()
+        record("bm25", qid, index.bm25.search(text, depth), time.perf_counter() - t)
+        if index.dense is not None:
+            t = time.perf_counter()
+            vec = pipeline.embed_query(text)
+            embed_s = time.perf_counter() - t
+            t = time.perf_counter()
+            record("dense", qid, index.dense.search(vec, depth), embed_s + time.perf_counter() - t)
+            t = time.perf_counter()
+            record("dense_exact", qid, index.dense.search(vec, depth, exact=True), embed_s + time.perf_counter() - t)
+        t = time.perf_counter()
+        res = pipeline.search(text, depth, filter=Filter(), candidates=depth)
+        record("fused", qid, res.hits, time.perf_counter() - t)
+        if progress:
+            progress(i + 1)
+    return {k: v for k, v in stages.items() if v.run}
+
+
+def hnsw_recall(approx: Mapping[str, Hits], exact: Mapping[str, Hits], k: int = 100) -> float:
+    """Mean over queries of |HNSW top-k docs ∩ exact top-k docs| / |exact top-k docs|."""
+    vals = []
+    for qid, ex in exact.items():
+        truth = set(ex.doc[:k].tolist())
+        if truth:
+            vals.append(len(truth & set(approx[qid].doc[:k].tolist())) / len(truth))
+    return round(float(np.mean(vals)), 5) if vals else float("nan")
+
+
+def summarize(stages: Mapping[str, StageRun], qrels: Qrels) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, st in stages.items():
+        metrics = evaluate(qrels, st.run)
+        secs = np.asarray(st.seconds)
+        metrics["qps"] = round(len(secs) / secs.sum(), 1) if secs.sum() > 0 else float("nan")
+        metrics["p50_ms"] = round(float(np.percentile(secs, 50) * 1000), 2)
+        metrics["p99_ms"] = round(float(np.percentile(secs, 99) * 1000), 2)
+        out[name] = metrics
+    return out

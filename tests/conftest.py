@@ -1,0 +1,64 @@
+"""Shared fixtures: the real bundled model and a real index of the sample corpus, built once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from index_builder.build import build_snapshot
+from index_builder.corpus import read_corpus
+from index_builder.models import Embedder
+from retrieval.config import AppConfig, load_config
+from retrieval.evaluate import load_qrels, load_queries
+from retrieval.index import SearchIndex
+from retrieval.pipeline import Pipeline
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "data" / "sample"
+SHARED_BEIR = REPO.parent / "shared" / "data" / "beir"
+
+
+@pytest.fixture(scope="session")
+def config() -> AppConfig:
+    return load_config(environ={})
+
+
+@pytest.fixture(scope="session")
+def embedder(config: AppConfig) -> Embedder:
+    return Embedder(config.embedder)
+
+
+@pytest.fixture(scope="session")
+def sample_docs():
+    docs, _ = read_corpus(SAMPLE / "corpus.jsonl")
+    return docs
+
+
+@pytest.fixture(scope="session")
+def sample_queries() -> dict[str, str]:
+    return load_queries(SAMPLE)
+
+
+@pytest.fixture(scope="session")
+def sample_qrels():
+    return load_qrels(SAMPLE, "test")
+
+
+@pytest.fixture(scope="session")
+def sample_index_dir(tmp_path_factory, sample_docs, config, embedder) -> Path:
+    root = tmp_path_factory.mktemp("sample-index")
+    build_snapshot(sample_docs, root, config.build_config(), embedder)
+    return root
+
+
+@pytest.fixture(scope="session")
+def sample_index(sample_index_dir, config, embedder) -> SearchIndex:
+    return SearchIndex.load(sample_index_dir, config, embedder)
+
+
+@pytest.fixture(scope="session")
+def pipeline(sample_index, embedder, config):
+    p = Pipeline(sample_index, embedder, config)
+    yield p
+    p.close()

@@ -1,0 +1,49 @@
+import json
+
+import pytest
+
+from index_builder.errors import ConfigError
+from retrieval.cli import main
+from retrieval.config import load_config
+
+
+def test_toml_env_and_overrides_layer_in_order(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("[fusion]\nk = 20\nbm25_weight = 0.5\n[dense]\nef_search = 64\n")
+    c = load_config(f, environ={"HYBRIDRAG_FUSION__K": "30"}, overrides={"dense": {"ef_search": 99}})
+    assert (c.fusion.k, c.fusion.bm25_weight, c.dense.ef_search) == (30.0, 0.5, 99)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[fusion]\nkk = 1\n", "unknown key"),
+        ("[fusion]\nk = -1\n", "k > 0"),
+        ("[dense]\nef_search = 'many'\n", "dense.ef_search: expected int"),
+        ("[fusion\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_is_refused_with_the_key_named(tmp_path, text, message):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(f, environ={})
+
+
+def test_cli_build_search_json_and_errors(tmp_path, capsys):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(json.dumps({"_id": f"d{i}", "title": f"Doc {i}", "text": t, "tenant": "t1"})
+                                for i, t in enumerate(["Solar panels convert sunlight into electricity.",
+                                                       "Bread rises because yeast produces carbon dioxide.",
+                                                       "The Nile is a long river in Africa."])) + "\n")
+    assert main(["build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"), "--quiet"]) == 0
+    assert "3 documents, 3 chunks" in capsys.readouterr().out
+    assert main(["search", "--index", str(tmp_path / "idx"), "--json", "-k", "1", "why does dough rise"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["hits"][0]["id"] == "d1" and result["hits"][0]["text"].startswith("Bread")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"_id": "a", "text": "ok"}\n{"_id": "a", "text": "again"}\n')
+    assert main(["build", "--corpus", str(bad), "--out", str(tmp_path / "idx2")]) == 2
+    assert f"{bad}:2: duplicate document id 'a'" in capsys.readouterr().err
+    assert main(["search", "--index", str(tmp_path / "nothing"), "q"]) == 2
+    assert "has no CURRENT" in capsys.readouterr().err
