@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import bm25s  # noqa: F401  (it sets its own logger to DEBUG when imported: import first, then quieten)
+
     logging.getLogger("bm25s").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return args.func(args)

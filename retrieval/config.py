@@ -32,7 +32,7 @@ ENV_PREFIX = "HYBRIDRAG_"
 class FusionConfig:
     """RRF: ``score = sum_r w_r / (k + rank_r)``. Chosen on SciFact train + NFCorpus dev (see README)."""
 
-    k: float = 60.0
+    k: float = 10.0
     bm25_weight: float = 1.0
     dense_weight: float = 1.0
 
