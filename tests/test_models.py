@@ -56,3 +56,15 @@ def test_model_resolution_errors(tmp_path):
         resolve_model("./does/not/exist")
     files = resolve_model("bundled")
     assert files.onnx_path.is_file() and files.tokenizer_path.is_file() and len(files.sha256) == 64
+
+
+@pytest.mark.gpu
+def test_cuda_provider_is_used_when_present():
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("no CUDA build of onnxruntime here (the gpu extra on a GPU machine)")
+    e = Embedder(EmbedderConfig(runtime=RuntimeConfig(providers=("CUDAExecutionProvider",))))
+    assert e.model.providers[0] == "CUDAExecutionProvider"
+    cpu = Embedder(EmbedderConfig())
+    np.testing.assert_allclose(e.embed(SENTENCES), cpu.embed(SENTENCES), atol=2e-2)
