@@ -17,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from index_builder.errors import ModelError
@@ -150,6 +151,16 @@ class Embedder:
                 "max_length": self.config.max_length, "pooling": "mean", "normalized": True,
                 "providers": self.model.providers}
 
+    def embed_with_tokens(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """One forward pass giving a query's embedding [dim] and its token vectors float32 [q, dim] (late
+        interaction with the bundled model's own token vectors shares the dense stage's encoder call)."""
+        enc = self.encode([text], with_tokens=True)
+        assert enc.token_vectors is not None
+        return enc.embeddings[0], enc.token_vectors[0].astype(np.float32)
+
+    def encode_query_tokens(self, query: str) -> np.ndarray:
+        return self.embed_with_tokens(query)[1]
+
     def embed(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
         return self.encode(texts, progress=progress).embeddings
 
@@ -180,3 +191,53 @@ class Embedder:
             bar.update(len(idx))
         bar.close()
         return Encoded(out, tokens)
+
+
+@dataclass(frozen=True)
+class CrossEncoderConfig:
+    """A sequence-classification ONNX model (one logit per pair); ``model`` "" = none configured."""
+
+    model: str = ""
+    max_length: int = 256
+    batch_size: int = 16
+    hf_offline: bool = False
+    cache_dir: str = ""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+class CrossEncoder:
+    """Scores (query, passage) pairs: ``[CLS] query [SEP] passage [SEP]``, truncated on the passage side."""
+
+    def __init__(self, config: CrossEncoderConfig, files: ModelFiles | None = None) -> None:
+        if not config.model and files is None:
+            raise ModelError("no cross-encoder model configured (set [cross_encoder] model to a folder or HF id)")
+        self.config = config
+        self.files = files or resolve_model(config.model, hf_offline=config.hf_offline, cache_dir=config.cache_dir or None)
+        self.model = OnnxModel(self.files.onnx_path, self.files.tokenizer_path, config.runtime, config.max_length,
+                               truncation="only_second")
+        # For a query longer than max_length on its own, passage-side truncation is impossible: cut both sides.
+        self._cut_both = Tokenizer.from_file(str(self.files.tokenizer_path))
+        self._cut_both.no_padding()
+        self._cut_both.enable_truncation(max_length=config.max_length)
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.files.name, "sha256": self.files.sha256, "max_length": self.config.max_length,
+                "providers": self.model.providers}
+
+    def score_pairs(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        n = len(passages)
+        out = np.empty(n, dtype=np.float32)
+        if n == 0:
+            return out
+        pairs = [(query, p) for p in passages]
+        try:
+            encodings = self.model.tokenize(pairs)
+        except Exception:  # the query alone is longer than max_length: cut both sides instead
+            encodings = self._cut_both.encode_batch(pairs)
+        order = np.argsort([-len(e.ids) for e in encodings], kind="stable")
+        bs = self.config.batch_size
+        for start in range(0, n, bs):
+            idx = order[start:start + bs]
+            logits = self.model.run(self.model.pad([encodings[i] for i in idx]))
+            out[idx] = np.asarray(logits, dtype=np.float32).reshape(len(idx), -1)[:, 0]
+        return out

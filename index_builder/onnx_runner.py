@@ -89,7 +89,8 @@ class OnnxModel:
     Thread-safe: ``InferenceSession.run`` and the tokenizer's encode calls may be used from many threads.
     """
 
-    def __init__(self, onnx_path: Path, tokenizer_path: Path, runtime: RuntimeConfig, max_length: int) -> None:
+    def __init__(self, onnx_path: Path, tokenizer_path: Path, runtime: RuntimeConfig, max_length: int,
+                 truncation: str = "longest_first") -> None:
         if max_length < 8:
             raise ModelError(f"max_length must be at least 8, got {max_length}")
         if not Path(onnx_path).is_file():
@@ -101,7 +102,7 @@ class OnnxModel:
         # Tokenizer files often carry a fixed padding/truncation (MiniLM's pads every input to 128): we pad per
         # batch ourselves and truncate to the configured length.
         self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=max_length)
+        self.tokenizer.enable_truncation(max_length=max_length, strategy=truncation)
         self.pad_id = self._token_id("[PAD]", default=0)
         self.session, self.providers = self._make_session(Path(onnx_path), runtime)
         self.input_names = [i.name for i in self.session.get_inputs()]

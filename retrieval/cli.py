@@ -59,13 +59,14 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _open_pipeline(index_dir: Path, config):
-    from index_builder.models import Embedder
+    from index_builder.models import CrossEncoder, Embedder
     from retrieval.index import SearchIndex
     from retrieval.pipeline import Pipeline
 
     embedder = Embedder(config.embedder)
     index = SearchIndex.load(index_dir, config, embedder)
-    return Pipeline(index, embedder, config)
+    cross_encoder = CrossEncoder(config.cross_encoder) if config.cross_encoder.model else None
+    return Pipeline(index, embedder, config, cross_encoder=cross_encoder)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -76,7 +77,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     meta = dict(kv.split("=", 1) for kv in args.filter)
     for query in args.query:
         res = pipeline.search(query, args.k, filter=Filter.of(args.tenant, meta),
-                              stages=args.stages.split(",") if args.stages else ("bm25", "dense"))
+                              stages=args.stages.split(",") if args.stages else None)
         if args.json:
             print(json.dumps(_result_json(pipeline, query, res)))
             continue
@@ -193,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=int, default=5)
     p.add_argument("--tenant", default="")
     p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE", help="metadata equality filter")
-    p.add_argument("--stages", default="", help="comma-separated subset of bm25,dense (default both, fused)")
+    p.add_argument("--stages", default="",
+                   help="comma-separated subset of bm25,dense,late_interaction,cross_encoder (default: as configured)")
     p.add_argument("--json", action="store_true", help="one JSON object per query")
     _add_common(p)
     p.set_defaults(func=cmd_search)

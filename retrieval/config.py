@@ -22,7 +22,7 @@ from index_builder.analysis import AnalyzerConfig
 from index_builder.build import BM25Config, BuildConfig, HNSWConfig
 from index_builder.chunking import ChunkConfig
 from index_builder.errors import ConfigError
-from index_builder.models import EmbedderConfig
+from index_builder.models import CrossEncoderConfig, EmbedderConfig
 from retrieval.dense import DenseConfig
 
 ENV_PREFIX = "HYBRIDRAG_"
@@ -58,6 +58,25 @@ class FirstStageConfig:
 
 
 @dataclass(frozen=True)
+class RerankConfig:
+    """The cascade after fusion: late interaction (MaxSim over stored token vectors) reorders the top
+    ``li_top_k``, then the cross-encoder reorders the top ``ce_top_k``. Both off by default: on SciFact train and
+    NFCorpus dev neither the bundled MiniLM token vectors nor the shipped cross-encoder beat the fused list
+    (README: Results)."""
+
+    late_interaction: bool = False
+    li_top_k: int = 20
+    cross_encoder: bool = False
+    ce_top_k: int = 5
+    max_top_k: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("li_top_k", "ce_top_k"):
+            if not 1 <= getattr(self, name) <= self.max_top_k:
+                raise ValueError(f"{name} must be in [1, {self.max_top_k}], got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class IndexConfig:
     verify_checksums: bool = True  # sha256 every snapshot file at load (seconds for GBs of token vectors)
 
@@ -80,6 +99,8 @@ class AppConfig:
     fusion: FusionConfig = field(default_factory=FusionConfig)
     first_stage: FirstStageConfig = field(default_factory=FirstStageConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
+    cross_encoder: CrossEncoderConfig = field(default_factory=CrossEncoderConfig)
 
     def build_config(self) -> BuildConfig:
         return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,

@@ -15,6 +15,7 @@ from index_builder.build import expected_settings
 from index_builder.chunking import chunk_passage
 from index_builder.models import Embedder
 from index_builder.snapshot import LoadedSnapshot, load_snapshot
+from rerank.late_interaction import LateInteractionReranker
 from retrieval.aggregate import doc_starts
 from retrieval.bm25 import BM25Retriever
 from retrieval.config import AppConfig
@@ -36,6 +37,9 @@ class SearchIndex:
         if snapshot.vectors is not None and snapshot.hnsw is not None:
             self.dense = DenseRetriever(snapshot.hnsw, snapshot.vectors, self.chunk_doc, self.starts, config.dense)
         self.filters = FilterIndex(self.documents, self.chunk_doc)
+        self.late: LateInteractionReranker | None = None
+        if snapshot.token_vectors is not None and snapshot.token_offsets is not None:
+            self.late = LateInteractionReranker(snapshot.token_vectors, snapshot.token_offsets)
         self.doc_index = {d.id: i for i, d in enumerate(self.documents)}
 
     @classmethod

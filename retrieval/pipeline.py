@@ -3,6 +3,9 @@
 First stage: BM25 and dense (embed + HNSW) run in parallel on a bounded thread pool, each returning its top-N
 documents (best chunk per document), then RRF fuses them. If the dense side is unavailable (no HNSW index,
 embedder failure) BM25 serves alone and the result is marked degraded with the reason.
+Cascade: late interaction reorders the fused top ``li_top_k`` by MaxSim over each candidate passage's stored token
+vectors, then the cross-encoder reorders the top ``ce_top_k``; everything below a stage's head keeps its order.
+Scores are comparable only within the stage that produced them (``SearchResult.stages`` keeps each stage's list).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from index_builder.errors import InvalidRequest
-from index_builder.models import Embedder
+from index_builder.models import CrossEncoder, Embedder
 from index_builder.types import Hits
+from rerank.cross_encoder import CrossEncoderReranker
+from rerank.late_interaction import Reordering
 from retrieval.config import AppConfig
 from retrieval.filters import Filter
 from retrieval.fusion import rrf
@@ -25,8 +30,17 @@ from retrieval.index import SearchIndex
 
 log = logging.getLogger(__name__)
 
-STAGES = ("bm25", "dense")
+FIRST_STAGES = ("bm25", "dense")
+STAGES = ("bm25", "dense", "late_interaction", "cross_encoder")
 NO_FILTER = Filter()
+
+
+def reorder(hits: Hits, r: Reordering) -> Hits:
+    """Apply a reranker's permutation; the head takes the reranker's scores, the tail keeps its own."""
+    scores = hits.scores[r.order].astype(np.float32)
+    head = ~np.isnan(r.scores)
+    scores[head] = r.scores[head]
+    return Hits(hits.doc[r.order], scores, hits.chunk[r.order])
 
 
 @dataclass
@@ -47,10 +61,11 @@ def _ms(t0: float) -> float:
 
 class Pipeline:
     def __init__(self, index: SearchIndex, embedder: Embedder, config: AppConfig,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, cross_encoder: CrossEncoder | None = None) -> None:
         self.index = index
         self.embedder = embedder
         self.config = config
+        self.cross_encoder = CrossEncoderReranker(cross_encoder) if cross_encoder is not None else None
         self._own_executor = executor is None
         self.executor = executor or ThreadPoolExecutor(config.first_stage.workers, thread_name_prefix="hybridrag")
 
@@ -69,21 +84,29 @@ class Pipeline:
         if not 1 <= candidates <= fs.max_candidates:
             raise InvalidRequest(f"candidates must be in [1, {fs.max_candidates}], got {candidates}")
         unknown = [s for s in stages if s not in STAGES]
-        if unknown or not stages:
-            raise InvalidRequest(f"unknown or no stages {list(stages)}; allowed: {list(STAGES)}")
+        if unknown or not any(s in FIRST_STAGES for s in stages):
+            raise InvalidRequest(f"unknown stages or no first stage in {list(stages)}; allowed: {list(STAGES)} "
+                                 f"with at least one of {list(FIRST_STAGES)}")
+
+    def default_stages(self) -> tuple[str, ...]:
+        r = self.config.rerank
+        return FIRST_STAGES + (("late_interaction",) if r.late_interaction else ()) + (
+            ("cross_encoder",) if r.cross_encoder else ())
 
     def embed_query(self, query: str) -> np.ndarray:
         return self.embedder.embed([query])[0]
 
     def search(self, query: str, k: int = 10, *, filter: Filter = NO_FILTER, candidates: int | None = None,
-               stages: Sequence[str] = STAGES, exact_dense: bool = False,
+               stages: Sequence[str] | None = None, exact_dense: bool = False,
                query_vec: np.ndarray | None = None) -> SearchResult:
-        """Run the first stage for one query; returns the top ``k`` documents (fused unless one stage is asked)."""
+        """Run the stages for one query; returns the top ``k`` documents (fused unless one first stage is asked)."""
+        stages = self.default_stages() if stages is None else tuple(stages)
         candidates = candidates or max(self.config.first_stage.candidates, k)
         self.validate(query, k, candidates, stages)
         t_total = time.perf_counter()
         index = self.index  # one generation for the whole request
         result = SearchResult(hits=Hits.empty(), generation=index.generation)
+        query_tokens: np.ndarray | None = None
         masks = index.filters.masks(filter)
         doc_mask, chunk_mask = masks if masks is not None else (None, None)
 
@@ -105,7 +128,12 @@ class Pipeline:
             else:
                 try:
                     t = time.perf_counter()
-                    vec = self.embed_query(query) if query_vec is None else query_vec
+                    if query_vec is not None:
+                        vec = query_vec
+                    elif "late_interaction" in stages and index.late is not None:
+                        vec, query_tokens = self.embedder.embed_with_tokens(query)  # one encoder pass for both
+                    else:
+                        vec = self.embed_query(query)
                     result.timings_ms["embed"] = _ms(t)
                     t = time.perf_counter()
                     result.stages["dense"] = index.dense.search(vec, candidates, doc_mask, chunk_mask,
@@ -119,12 +147,35 @@ class Pipeline:
             result.stages["bm25"], result.timings_ms["bm25"] = bm25_future.result()
 
         t = time.perf_counter()
-        ran = [s for s in STAGES if s in result.stages]
+        ran = [s for s in FIRST_STAGES if s in result.stages]
         if len(ran) == 1:
-            result.hits = result.stages[ran[0]].top(k)
+            current = result.stages[ran[0]]
         else:
-            result.hits = self.fuse(result.stages["bm25"], result.stages["dense"]).top(k)
+            current = self.fuse(result.stages["bm25"], result.stages["dense"])
             result.timings_ms["fusion"] = _ms(t)
+            result.stages["fused"] = current
+
+        rr = self.config.rerank
+        if "late_interaction" in stages:
+            if index.late is None:
+                result.skipped["late_interaction"] = "the snapshot has no token vectors"
+            else:
+                t = time.perf_counter()
+                if query_tokens is None:
+                    query_tokens = self.embedder.encode_query_tokens(query)
+                current = reorder(current, index.late.rerank(query_tokens, current.chunk, rr.li_top_k))
+                result.stages["late_interaction"] = current
+                result.timings_ms["late_interaction"] = _ms(t)
+        if "cross_encoder" in stages:
+            if self.cross_encoder is None:
+                result.skipped["cross_encoder"] = "no cross-encoder model configured"
+            else:
+                t = time.perf_counter()
+                passages = [index.passage_with_title(int(c)) for c in current.chunk[: rr.ce_top_k]]
+                current = reorder(current, self.cross_encoder.rerank(query, passages, len(current)))
+                result.stages["cross_encoder"] = current
+                result.timings_ms["cross_encoder"] = _ms(t)
+        result.hits = current.top(k)
         result.timings_ms["total"] = _ms(t_total)
         return result
 

@@ -27,7 +27,7 @@ def test_sample_end_to_end_judged_documents_rank_high(pipeline, sample_queries, 
 
 def test_result_carries_stages_timings_and_passages(pipeline):
     res = pipeline.search("How do bees tell each other where flowers are?", k=10)
-    assert set(res.stages) == {"bm25", "dense"} and not res.degraded
+    assert set(res.stages) == {"bm25", "dense", "fused"} and not res.degraded
     assert {"bm25", "embed", "dense", "fusion", "total"} <= set(res.timings_ms)
     assert len(res.hits) == 10 and (np.diff(res.hits.scores) <= 0).all()
     for d, c in zip(res.hits.doc, res.hits.chunk, strict=False):
@@ -89,7 +89,8 @@ def test_unknown_tenant_matches_nothing(pipeline):
         ({"query": "x" * 5000}, "at most 2048"),
         ({"query": "ok", "k": 0}, r"top_k must be in \[1, 100\], got 0"),
         ({"query": "ok", "candidates": 5000}, r"candidates must be in \[1, 1000\]"),
-        ({"query": "ok", "stages": ("bm25", "splade")}, "allowed: \\['bm25', 'dense'\\]"),
+        ({"query": "ok", "stages": ("bm25", "splade")}, "allowed: \\['bm25', 'dense', 'late_interaction'"),
+        ({"query": "ok", "stages": ("cross_encoder",)}, "at least one of \\['bm25', 'dense'\\]"),
     ],
 )
 def test_bad_requests_are_refused_with_a_clear_message(pipeline, kwargs, message):
