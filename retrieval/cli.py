@@ -142,9 +142,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if build_info:
         out["build"] = build_info
     print(f"{dataset.name} ({args.split}, {len(queries)} queries)")
-    print(f"{'stage':<12} {'nDCG@10':>8} {'R@100':>7} {'QPS':>8} {'p50 ms':>7} {'p99 ms':>7}")
+    print(f"{'stage':<17} {'nDCG@10':>8} {'R@100':>7} {'QPS':>8} {'p50 ms':>7} {'p99 ms':>7}")
     for name, m in summary_stages.items():
-        print(f"{name:<12} {m['ndcg@10']:>8.4f} {m['recall@100']:>7.4f} {m['qps']:>8.1f} {m['p50_ms']:>7.2f} "
+        print(f"{name:<17} {m['ndcg@10']:>8.4f} {m['recall@100']:>7.4f} {m['qps']:>8.1f} {m['p50_ms']:>7.2f} "
               f"{m['p99_ms']:>7.2f}")
     if "hnsw_recall@100" in out:
         print(f"HNSW recall@100 vs exact: {out['hnsw_recall@100']:.4f} (ef_search={config.dense.ef_search})")

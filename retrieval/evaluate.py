@@ -22,7 +22,7 @@ from index_builder.errors import CorpusError
 from index_builder.types import Hits
 from retrieval.filters import Filter
 from retrieval.index import SearchIndex
-from retrieval.pipeline import Pipeline, reorder
+from retrieval.pipeline import Pipeline
 
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]
@@ -106,7 +106,6 @@ def run_stages(pipeline: Pipeline, queries: Mapping[str, str], *, depth: int = 1
     if pipeline.cross_encoder is not None:
         names += ["cross_encoder", "cascade"] if index.late is not None else ["cross_encoder"]
     stages = {name: StageRun() for name in names}
-    rr = pipeline.config.rerank
 
     def record(name: str, qid: str, hits: Hits, seconds: float) -> None:
         st = stages[name]
@@ -127,25 +126,15 @@ def run_stages(pipeline: Pipeline, queries: Mapping[str, str], *, depth: int = 1
             record("dense_exact", qid, index.dense.search(vec, depth, exact=True), embed_s + time.perf_counter() - t)
         t = time.perf_counter()
         res = pipeline.search(text, depth, filter=Filter(), candidates=depth, stages=("bm25", "dense"))
-        fused_s = time.perf_counter() - t
-        record("fused", qid, res.hits, fused_s)
-        # Each reranking variant starts from the same fused list; its time is the fused time plus its own.
-        li_hits = None
-        if "late_interaction" in stages:
-            t = time.perf_counter()
-            li_hits = reorder(res.hits, index.late.rerank(pipeline.embedder.encode_query_tokens(text),
-                                                          res.hits.chunk, rr.li_top_k))
-            li_s = time.perf_counter() - t
-            record("late_interaction", qid, li_hits, fused_s + li_s)
-        if "cross_encoder" in stages:
-            for name, base, base_s in (("cross_encoder", res.hits, fused_s), ("cascade", li_hits, None)):
-                if name not in stages or base is None:
-                    continue
+        record("fused", qid, res.hits, time.perf_counter() - t)
+        # Each reranking variant is a full pipeline call (so it pays exactly what serving pays, e.g. late
+        # interaction shares the dense stage's encoder pass); all start from the same (deterministic) fused list.
+        for name, extra in (("late_interaction", ("late_interaction",)), ("cross_encoder", ("cross_encoder",)),
+                            ("cascade", ("late_interaction", "cross_encoder"))):
+            if name in stages:
                 t = time.perf_counter()
-                passages = [index.passage_with_title(int(c)) for c in base.chunk[: rr.ce_top_k]]
-                ce_hits = reorder(base, pipeline.cross_encoder.rerank(text, passages, len(base)))
-                ce_s = time.perf_counter() - t
-                record(name, qid, ce_hits, (base_s if base_s is not None else fused_s + li_s) + ce_s)
+                res = pipeline.search(text, depth, filter=Filter(), candidates=depth, stages=("bm25", "dense", *extra))
+                record(name, qid, res.hits, time.perf_counter() - t)
         if progress:
             progress(i + 1)
     return {k: v for k, v in stages.items() if v.run}
