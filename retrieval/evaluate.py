@@ -71,13 +71,11 @@ def evaluate(qrels: Qrels, run: Run, *, ignore_identical_ids: bool = True) -> di
 
 
 def hits_to_run(index: SearchIndex, hits: Hits) -> dict[str, float]:
-    """Document ids -> scores; scores are made strictly decreasing in rank order so that every tool re-sorting
-    by score (pytrec_eval, trec_eval) sees exactly our ranking, ties included."""
-    out: dict[str, float] = {}
+    """Document ids -> rank-based scores (n, n-1, ...): every tool that re-sorts by score (pytrec_eval, trec_eval)
+    then sees exactly the ranking we serve, ties and reranked heads included (a reranked head carries the
+    reranker's scores, its tail the previous stage's: not comparable, so raw scores must not be re-sorted)."""
     n = len(hits)
-    for rank, (d, s) in enumerate(zip(hits.doc.tolist(), hits.scores.tolist(), strict=False)):
-        out[index.documents[d].id] = float(n - rank) if not np.isfinite(s) else float(s) + (n - rank) * 1e-9
-    return out
+    return {index.documents[d].id: float(n - rank) for rank, d in enumerate(hits.doc.tolist())}
 
 
 def write_trec(path: Path, run: Run, tag: str) -> None:

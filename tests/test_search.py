@@ -103,3 +103,13 @@ def test_malformed_filters_are_refused():
         Filter.of("", {"": "x"})
     with pytest.raises(InvalidRequest, match="string value"):
         Filter.of("", {"year": 2020})
+
+
+def test_evaluation_follows_the_served_order_even_when_scores_are_not_monotone(sample_index):
+    from index_builder.types import Hits
+
+    # a reranked head (cross-encoder logits, negative) above a tail with larger first-stage scores
+    hits = Hits(np.array([3, 1, 2, 0]), np.array([-1.0, -2.0, 5.0, 4.0], np.float32), np.array([3, 1, 2, 0]))
+    run = hits_to_run(sample_index, hits)
+    ranked = sorted(run, key=lambda d: -run[d])
+    assert ranked == [sample_index.documents[i].id for i in (3, 1, 2, 0)]
