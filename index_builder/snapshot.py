@@ -60,7 +60,7 @@ def _fsync_dir(path: Path) -> None:
 def _fsync_tree(path: Path) -> None:
     for p in sorted(path.rglob("*")):
         if p.is_file():
-            with open(p, "rb+") as f:
+            with open(p, "rb") as f:  # fsync works on a read-only descriptor (the files are 0444 by now)
                 os.fsync(f.fileno())
     for d in sorted({p.parent for p in path.rglob("*")} | {path}, key=lambda q: -len(q.parts)):
         _fsync_dir(d)
