@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
 
 import Stemmer
 
@@ -44,9 +43,16 @@ class Analyzer:
         self.config = config
         self._stop = LUCENE_ENGLISH_STOPWORDS if config.stopwords == "lucene" else frozenset()
 
-    @cached_property
-    def _stemmer_algorithm(self) -> str | None:
-        return None if self.config.stemmer == "none" else self.config.stemmer
+    def _terms(self, text: str) -> list[str]:
+        """Unstemmed terms: tokenise, lowercase, drop possessives and stopwords."""
+        if self.config.lowercase:
+            text = text.lower()
+        toks = [t[:-2] if t.endswith(("'s", "’s")) else t for t in _TOKEN_RE.findall(text)]
+        return [t for t in toks if t and t not in self._stop]
+
+    def _stemmer(self, cache_size: int = 0) -> Stemmer.Stemmer | None:
+        # A Stemmer object is not thread-safe; creating one per call is cheap (microseconds).
+        return None if self.config.stemmer == "none" else Stemmer.Stemmer(self.config.stemmer, cache_size)
 
     def __call__(self, text: str) -> list[str]:
         """Terms of one text, in order (repeats kept: BM25 counts a repeated query term twice, as Lucene does).
@@ -54,29 +60,14 @@ class Analyzer:
         >>> Analyzer()("The cats' running quickly, don't they?")
         ['cat', 'run', 'quickli', "don't"]
         """
-        if self.config.lowercase:
-            text = text.lower()
-        tokens = []
-        for tok in _TOKEN_RE.findall(text):
-            if tok.endswith(("'s", "’s")):
-                tok = tok[:-2]
-            if tok and tok not in self._stop:
-                tokens.append(tok)
-        if self._stemmer_algorithm is None:
-            return tokens
-        # A Stemmer object is not thread-safe; creating one is cheap (microseconds).
-        return Stemmer.Stemmer(self._stemmer_algorithm).stemWords(tokens)
+        stemmer = self._stemmer()
+        terms = self._terms(text)
+        return stemmer.stemWords(terms) if stemmer else terms
 
     def batch(self, texts: list[str]) -> list[list[str]]:
-        stemmer = None if self._stemmer_algorithm is None else Stemmer.Stemmer(self._stemmer_algorithm, 100_000)
-        out = []
-        for text in texts:
-            if self.config.lowercase:
-                text = text.lower()
-            toks = [t[:-2] if t.endswith(("'s", "’s")) else t for t in _TOKEN_RE.findall(text)]
-            toks = [t for t in toks if t and t not in self._stop]
-            out.append(stemmer.stemWords(toks) if stemmer else toks)
-        return out
+        """Terms of many texts, sharing one stemmer with a large cache (corpus indexing)."""
+        stemmer = self._stemmer(100_000)
+        return [stemmer.stemWords(t) if stemmer else t for t in map(self._terms, texts)]
 
     def settings(self) -> dict[str, object]:
         return {"tokenizer": "lucene-standard-like", "lowercase": self.config.lowercase,
