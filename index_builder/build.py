@@ -19,7 +19,8 @@ import numpy as np
 from index_builder.analysis import Analyzer, AnalyzerConfig
 from index_builder.chunking import ChunkConfig, Chunker, chunk_passage
 from index_builder.models import Embedder, EmbedderConfig
-from index_builder.snapshot import SnapshotParts, write_snapshot
+from index_builder.snapshot import SnapshotParts, load_snapshot, write_snapshot
+from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenEncoderConfig, TokenStore, make_token_encoder
 from index_builder.types import Document
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class BuildConfig:
     bm25: BM25Config = field(default_factory=BM25Config)
     hnsw: HNSWConfig = field(default_factory=HNSWConfig)
     token_vectors: bool = True  # store per-token vectors for the late-interaction stage
+    token_encoder: TokenEncoderConfig = field(default_factory=TokenEncoderConfig)
     keep_snapshots: int = 3  # generations kept on disk after a build (0 keeps all)
 
 
@@ -76,12 +78,17 @@ class BuildSummary:
                 f"{self.token_vectors} token vectors, {self.seconds:.1f} s, {self.bytes_on_disk / 2**20:.1f} MiB")
 
 
-def index_settings(config: BuildConfig, embedder: Embedder) -> dict[str, Any]:
+def token_settings(encoder: TokenEncoder, storage: str) -> dict[str, Any]:
+    return {**encoder.describe(), "dtype": storage}
+
+
+def index_settings(config: BuildConfig, embedder: Embedder, token_encoder: TokenEncoder | None = None) -> dict[str, Any]:
     """What a snapshot records about how it was built (and what loading checks against the configuration)."""
-    token_encoder = ({"source": "embedder", "dim": embedder.dim, "dtype": "float16", "normalized": True,
-                      "skips_special_tokens": True} if config.token_vectors else None)
+    tokens = None
+    if config.token_vectors:
+        tokens = token_settings(token_encoder or EmbedderTokens(embedder), config.token_encoder.storage)
     return {
-        "models": {"embedder": embedder.describe(), "token_encoder": token_encoder},
+        "models": {"embedder": embedder.describe(), "token_encoder": tokens},
         "analyzer": Analyzer(config.analyzer).settings(),
         "bm25": {"library": "bm25s", "method": "lucene", **asdict(config.bm25)},
         "hnsw": {"metric": "inner_product", **asdict(config.hnsw)},
@@ -101,17 +108,25 @@ def expected_settings(config: BuildConfig, embedder: Embedder) -> dict[str, Any]
 
 
 def build_snapshot(docs: Sequence[Document], root: Path, config: BuildConfig, embedder: Embedder | None = None,
-                   *, progress: bool = False, covered_seq: int = 0) -> BuildSummary:
-    """Build and write a new snapshot generation under ``root``; ``CURRENT`` points at it when this returns."""
+                   *, progress: bool = False, covered_seq: int = 0,
+                   token_encoder: TokenEncoder | None = None) -> BuildSummary:
+    """Build and write a new snapshot generation under ``root``; ``CURRENT`` points at it when this returns.
+
+    Token vectors come from ``token_encoder`` (default: made from ``config.token_encoder``); when that is the
+    embedder's own, they come out of the embedding pass itself.
+    """
     if not docs:
         raise ValueError("cannot build an index from zero documents")
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     embedder = embedder or Embedder(config.embedder)
+    if config.token_vectors and token_encoder is None:
+        token_encoder = make_token_encoder(config.token_encoder, embedder)
+    same_pass = isinstance(token_encoder, EmbedderTokens)
 
     t = time.perf_counter()
     chunks = Chunker(embedder.files.tokenizer_path, config.chunking).chunk(docs)
-    passages = [chunk_passage(docs[c["doc"]].title, docs[c["doc"]].text[c["start"]:c["end"]]) for c in chunks]
+    passages = chunk_passages(docs, chunks)
     timings["chunk"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -121,8 +136,14 @@ def build_snapshot(docs: Sequence[Document], root: Path, config: BuildConfig, em
     timings["bm25"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    encoded = embedder.encode(passages, with_tokens=config.token_vectors, progress=progress)
+    encoded = embedder.encode(passages, with_tokens=config.token_vectors and same_pass, progress=progress)
     timings["embed"] = time.perf_counter() - t
+    per_passage = encoded.token_vectors
+    if config.token_vectors and not same_pass:
+        assert token_encoder is not None
+        t = time.perf_counter()
+        per_passage = token_encoder.encode_documents(passages, progress=progress)
+        timings["token_vectors"] = time.perf_counter() - t
 
     t = time.perf_counter()
     hnsw = faiss.IndexHNSWFlat(embedder.dim, config.hnsw.m, faiss.METRIC_INNER_PRODUCT)
@@ -130,17 +151,46 @@ def build_snapshot(docs: Sequence[Document], root: Path, config: BuildConfig, em
     hnsw.add(encoded.embeddings)
     timings["hnsw"] = time.perf_counter() - t
 
-    token_vectors = token_offsets = None
-    if encoded.token_vectors is not None:
-        lengths = np.array([len(v) for v in encoded.token_vectors], dtype=np.int64)
-        token_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        token_vectors = np.concatenate(encoded.token_vectors).astype(np.float16)
+    store = None
+    if per_passage is not None and token_encoder is not None:
+        store = TokenStore.from_lists(per_passage, token_encoder.dim, config.token_encoder.storage)
 
     t = time.perf_counter()
-    parts = SnapshotParts(list(docs), chunks, bm25, encoded.embeddings, hnsw, token_vectors, token_offsets,
-                          index_settings(config, embedder), covered_seq)
+    parts = SnapshotParts(list(docs), chunks, bm25, encoded.embeddings, hnsw,
+                          None if store is None else store.vectors, None if store is None else store.offsets,
+                          index_settings(config, embedder, token_encoder), covered_seq,
+                          None if store is None else store.scales)
     path = write_snapshot(Path(root), parts, keep_last=config.keep_snapshots)
     timings["write"] = time.perf_counter() - t
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return BuildSummary(path, len(docs), len(chunks), 0 if token_vectors is None else len(token_vectors),
+    return BuildSummary(path, len(docs), len(chunks), 0 if store is None else len(store.vectors),
                         time.perf_counter() - t0, size, timings)
+
+
+def chunk_passages(docs: Sequence[Document], chunks: np.ndarray) -> list[str]:
+    """Each chunk's passage as it is embedded and scored (title + chunk text)."""
+    return [chunk_passage(docs[c["doc"]].title, docs[c["doc"]].text[c["start"]:c["end"]]) for c in chunks]
+
+
+def rebuild_token_vectors(root: Path, token_encoder: TokenEncoder, storage: str, *, out: Path | None = None,
+                          keep_snapshots: int = 0, progress: bool = False) -> BuildSummary:
+    """Write a new generation equal to ``root``'s current snapshot but for its token vectors, recomputed with
+    ``token_encoder`` (a new late-interaction model or another storage) without re-embedding the dense side."""
+    t0 = time.perf_counter()
+    snap = load_snapshot(Path(root))
+    if snap.vectors is None or snap.hnsw is None:
+        raise ValueError(f"snapshot {snap.path} has no usable dense index ({snap.dense_error}): rebuild it fully")
+    t = time.perf_counter()
+    store = TokenStore.from_lists(token_encoder.encode_documents(chunk_passages(snap.documents, snap.chunks), progress=progress),
+                                  token_encoder.dim, storage)
+    encode_s = time.perf_counter() - t
+    m = snap.manifest
+    settings = {k: m[k] for k in ("analyzer", "bm25", "hnsw", "chunking")}
+    settings["models"] = {**m["models"], "token_encoder": token_settings(token_encoder, storage)}
+    t = time.perf_counter()
+    parts = SnapshotParts(snap.documents, snap.chunks, snap.bm25, np.asarray(snap.vectors), snap.hnsw,
+                          store.vectors, store.offsets, settings, int(m.get("covered_seq", 0)), store.scales)
+    path = write_snapshot(Path(out or root), parts, keep_last=keep_snapshots)
+    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return BuildSummary(path, len(snap.documents), len(snap.chunks), len(store.vectors), time.perf_counter() - t0,
+                        size, {"token_vectors": encode_s, "write": time.perf_counter() - t})

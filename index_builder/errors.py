@@ -47,5 +47,9 @@ class Overloaded(HybridRagError):
     """Admission control refused the request (RESOURCE_EXHAUSTED)."""
 
 
+class DeadlineExceeded(HybridRagError):
+    """The request's deadline passed before it could start (DEADLINE_EXCEEDED)."""
+
+
 class BackendError(HybridRagError):
     """A downstream backend (generation server, model runtime) failed."""

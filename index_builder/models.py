@@ -151,16 +151,6 @@ class Embedder:
                 "max_length": self.config.max_length, "pooling": "mean", "normalized": True,
                 "providers": self.model.providers}
 
-    def embed_with_tokens(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """One forward pass giving a query's embedding [dim] and its token vectors float32 [q, dim] (late
-        interaction with the bundled model's own token vectors shares the dense stage's encoder call)."""
-        enc = self.encode([text], with_tokens=True)
-        assert enc.token_vectors is not None
-        return enc.embeddings[0], enc.token_vectors[0].astype(np.float32)
-
-    def encode_query_tokens(self, query: str) -> np.ndarray:
-        return self.embed_with_tokens(query)[1]
-
     def embed(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
         return self.encode(texts, progress=progress).embeddings
 
@@ -225,14 +215,19 @@ class CrossEncoder:
                 "providers": self.model.providers}
 
     def score_pairs(self, query: str, passages: Sequence[str]) -> np.ndarray:
-        n = len(passages)
+        return self.score([(query, p) for p in passages])
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """One logit per (query, passage) pair, float32 [n]; the pairs may come from different queries (the
+        cross-request batcher sends them so). Sorted by length into batches to cut padding."""
+        n = len(pairs)
         out = np.empty(n, dtype=np.float32)
         if n == 0:
             return out
-        pairs = [(query, p) for p in passages]
+        pairs = list(pairs)
         try:
             encodings = self.model.tokenize(pairs)
-        except Exception:  # the query alone is longer than max_length: cut both sides instead
+        except Exception:  # a query alone is longer than max_length: cut both sides instead
             encodings = self._cut_both.encode_batch(pairs)
         order = np.argsort([-len(e.ids) for e in encodings], kind="stable")
         bs = self.config.batch_size

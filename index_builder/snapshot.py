@@ -11,6 +11,7 @@ Layout of an index root::
         hnsw.faiss                    faiss IndexHNSWFlat, inner product, same rows as vectors.npy
         token_vectors.npy             float16 [tokens, tdim] unit length (late interaction), optional
         token_offsets.npy             int64 [chunks + 1]: chunk i owns rows offsets[i]:offsets[i+1]
+        token_scales.npy              float32 [tokens]: per-vector scale when token_vectors.npy is int8 (optional)
         manifest.json                 written last: format version, counts, models, settings, sha256 of every file
 
 A folder is built under a temporary name and renamed into place once complete, so ``CURRENT`` can only ever
@@ -101,10 +102,11 @@ class SnapshotParts:
     bm25: bm25s.BM25
     vectors: np.ndarray  # float32 [chunks, dim]
     hnsw: faiss.Index
-    token_vectors: np.ndarray | None  # float16 [tokens, tdim]
+    token_vectors: np.ndarray | None  # float16 [tokens, tdim], or int8 with token_scales
     token_offsets: np.ndarray | None  # int64 [chunks + 1]
     settings: dict[str, Any]  # models, analyzer, bm25, hnsw, chunking: recorded verbatim in the manifest
     covered_seq: int = 0  # the document store's sequence number this snapshot includes (live index)
+    token_scales: np.ndarray | None = None  # float32 [tokens] when token_vectors is int8
 
 
 def write_documents(path: Path, docs: list[Document]) -> None:
@@ -150,6 +152,10 @@ def write_snapshot(root: Path, parts: SnapshotParts, *, keep_last: int = 0) -> P
             raise SnapshotError("token_offsets do not match the chunks and token vectors")
         np.save(tmp / "token_vectors.npy", parts.token_vectors)
         np.save(tmp / "token_offsets.npy", parts.token_offsets.astype(np.int64))
+        if parts.token_scales is not None:
+            if len(parts.token_scales) != len(parts.token_vectors):
+                raise SnapshotError("token_scales must have one scale per token vector")
+            np.save(tmp / "token_scales.npy", np.asarray(parts.token_scales, dtype=np.float32))
         counts["token_vectors"] = int(len(parts.token_vectors))
 
     files = {}
@@ -218,6 +224,7 @@ class LoadedSnapshot:
     token_vectors: np.ndarray | None
     token_offsets: np.ndarray | None
     dense_error: str | None = None
+    token_scales: np.ndarray | None = None
 
     @property
     def generation(self) -> int:
@@ -301,12 +308,14 @@ def load_snapshot(root: Path, *, expected: dict[str, Any] | None = None, checksu
         except Exception as e:  # corrupt beyond what a checksum catches (checksums off)
             dense_error = f"hnsw.faiss: {e}"
             log.error("cannot read %s/hnsw.faiss (%s): BM25 will serve alone", path, e)
-    token_vectors = token_offsets = None
+    token_vectors = token_offsets = token_scales = None
     if (path / "token_vectors.npy").is_file():
         token_vectors = np.load(path / "token_vectors.npy", mmap_mode="r")
         token_offsets = np.load(path / "token_offsets.npy")
+        if (path / "token_scales.npy").is_file():
+            token_scales = np.load(path / "token_scales.npy")
     counts = manifest["counts"]
     if len(documents) != counts["documents"] or len(chunks) != counts["chunks"]:
         raise SnapshotError(f"snapshot {path}: counts differ from the manifest ({counts})")
     return LoadedSnapshot(path, manifest, documents, chunks, bm25, vectors, hnsw, token_vectors, token_offsets,
-                          dense_error)
+                          dense_error, token_scales)

@@ -1,17 +1,28 @@
-"""Cross-encoder stage: score (query, passage) pairs jointly and reorder the top K; the rest keep their order."""
+"""Cross-encoder stage: reorder the top K of a ranking by (query, passage) pair scores; the rest keep their order.
+
+The scores come from a :class:`~rerank.protocols.PairScorer` (the service calls ``index_builder.models.CrossEncoder``
+through its cross-request batcher, so pairs of concurrent requests share one ONNX run).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from rerank.late_interaction import Reordering, rerank_head
 from rerank.protocols import PairScorer
 
 
-class CrossEncoderReranker:
-    def __init__(self, scorer: PairScorer) -> None:
-        self.scorer = scorer
+def pairs_for(query: str, passages: Sequence[str]) -> list[tuple[str, str]]:
+    return [(query, p) for p in passages]
 
-    def rerank(self, query: str, passages: Sequence[str], n: int) -> Reordering:
-        """``passages``: the texts of the first K candidates (K = len(passages)); ``n``: the whole list's length."""
-        return rerank_head(self.scorer.score_pairs(query, passages), n)
+
+def rerank_by_scores(scores: np.ndarray, n: int) -> Reordering:
+    """``scores``: one per head passage (K = len(scores)); ``n``: the whole list's length."""
+    return rerank_head(np.asarray(scores, dtype=np.float32), n)
+
+
+def rerank(scorer: PairScorer, query: str, passages: Sequence[str], n: int) -> Reordering:
+    """Blocking form: score the head's pairs with ``scorer`` and reorder."""
+    return rerank_by_scores(scorer.score(pairs_for(query, passages)), n)

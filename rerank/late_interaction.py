@@ -31,13 +31,15 @@ def rerank_head(first_scores: np.ndarray, n: int) -> Reordering:
 
 
 class LateInteractionReranker:
-    """MaxSim over the candidate chunks' stored token vectors (``vectors`` [T, d], ``offsets`` [chunks + 1])."""
+    """MaxSim over the candidate chunks' stored token vectors (``vectors`` [T, d] float16, or int8 with per-vector
+    ``scales`` [T]; ``offsets`` [chunks + 1])."""
 
-    def __init__(self, vectors: np.ndarray, offsets: np.ndarray) -> None:
+    def __init__(self, vectors: np.ndarray, offsets: np.ndarray, scales: np.ndarray | None = None) -> None:
         self.vectors = vectors
         self.offsets = offsets
+        self.scales = scales
 
     def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int) -> Reordering:
         """Reorder the first ``top_k`` of ``chunks`` (int [n], each candidate's passage) by MaxSim."""
         head = np.asarray(chunks[:top_k], dtype=np.int64)
-        return rerank_head(maxsim_batch(query_tokens, self.vectors, self.offsets, head), len(chunks))
+        return rerank_head(maxsim_batch(query_tokens, self.vectors, self.offsets, head, self.scales), len(chunks))

@@ -20,12 +20,14 @@ def maxsim(query: np.ndarray, doc: np.ndarray) -> float:
     return float((query.astype(np.float32) @ doc.astype(np.float32).T).max(axis=1).sum())
 
 
-def maxsim_batch(query: np.ndarray, vectors: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def maxsim_batch(query: np.ndarray, vectors: np.ndarray, offsets: np.ndarray, rows: np.ndarray,
+                 scales: np.ndarray | None = None) -> np.ndarray:
     """MaxSim of one query against several documents stored back to back.
 
-    Shapes: ``query`` [q, d]; ``vectors`` [T, d] (all documents' token vectors, any float dtype, may be a memmap);
-    ``offsets`` int [n + 1] (document i owns ``vectors[offsets[i]:offsets[i + 1]]``); ``rows`` int [m], the
-    documents to score. Returns float32 [m]. One matrix product over the gathered tokens, then a segmented max.
+    Shapes: ``query`` [q, d]; ``vectors`` [T, d] (all documents' token vectors, any float dtype, or int8 with
+    ``scales`` float [T] so that row t is ``vectors[t] * scales[t]``; may be a memmap); ``offsets`` int [n + 1]
+    (document i owns ``vectors[offsets[i]:offsets[i + 1]]``); ``rows`` int [m], the documents to score.
+    Returns float32 [m]. One matrix product over the gathered tokens, then a segmented max.
 
     >>> q = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
     >>> v = np.array([[1, 0], [0.6, 0.8], [0, 1], [0.5, 0.5]], dtype=np.float16)
@@ -42,6 +44,8 @@ def maxsim_batch(query: np.ndarray, vectors: np.ndarray, offsets: np.ndarray, ro
         return out
     idx = np.concatenate([np.arange(s, e) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)])
     tokens = np.asarray(vectors[idx], dtype=np.float32)  # [sum(lengths), d]
+    if scales is not None:
+        tokens *= np.asarray(scales[idx], dtype=np.float32)[:, None]
     sims = query.astype(np.float32) @ tokens.T  # [q, sum(lengths)]
     nonempty = lengths > 0
     seg_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])[nonempty]

@@ -8,13 +8,8 @@ from typing import Protocol
 import numpy as np
 
 
-class QueryTokenEncoder(Protocol):
-    def encode_query_tokens(self, query: str) -> np.ndarray:
-        """Unit-length query token vectors, float32 [q, d] (same space as the stored document token vectors)."""
-        ...
-
-
 class PairScorer(Protocol):
-    def score_pairs(self, query: str, passages: Sequence[str]) -> np.ndarray:
-        """One relevance score per (query, passage) pair, float32 [n]; higher is more relevant."""
+    def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """One relevance score per (query, passage) pair, float32 [n]; higher is more relevant. Pairs may come
+        from different queries."""
         ...

@@ -40,7 +40,8 @@ def _thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
     import faiss
 
     faiss.omp_set_num_threads(args.threads)
-    return {"embedder": {"runtime": {"intra_op_threads": args.threads}}}
+    rt = {"runtime": {"intra_op_threads": args.threads}}
+    return {"embedder": rt, "late_interaction": rt, "cross_encoder": rt}
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -54,6 +55,20 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(f"skipped {report.skipped} bad line(s); first: {report.errors[0]}", file=sys.stderr)
     print(f"read {len(docs)} documents from {report.path} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     summary = build_snapshot(docs, Path(args.out), config.build_config(), progress=not args.quiet)
+    print(summary.line() + "; stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.timings.items()))
+    return 0
+
+
+def cmd_index_tokens(args: argparse.Namespace) -> int:
+    from index_builder.build import rebuild_token_vectors
+    from index_builder.models import Embedder
+    from index_builder.token_encoders import make_token_encoder
+
+    config = _config(args, _thread_overrides(args))
+    tc = config.late_interaction
+    encoder = make_token_encoder(tc, Embedder(config.embedder))
+    summary = rebuild_token_vectors(Path(args.index), encoder, tc.storage, out=Path(args.out) if args.out else None,
+                                    keep_snapshots=config.build.keep_snapshots, progress=not args.quiet)
     print(summary.line() + "; stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.timings.items()))
     return 0
 
@@ -214,6 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
     from index_builder.export import add_parser as add_models_parser
 
     add_models_parser(sub)
+
+    p = sub.add_parser("index", help="maintain an index")
+    isub = p.add_subparsers(dest="index_command", required=True)
+    q = isub.add_parser("tokens", help="recompute the late-interaction token vectors of the current snapshot with the "
+                                       "configured [late_interaction] model and storage (the dense side is kept)")
+    q.add_argument("--index", required=True, help="index root")
+    q.add_argument("--out", help="write the new snapshot under this root instead (default: --index)")
+    q.add_argument("--quiet", action="store_true")
+    _add_common(q)
+    q.set_defaults(func=cmd_index_tokens)
 
     p = sub.add_parser("quickstart", help="build the sample corpus index and answer sample queries")
     p.add_argument("--out", default="indexes/sample")

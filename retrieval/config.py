@@ -23,6 +23,8 @@ from index_builder.build import BM25Config, BuildConfig, HNSWConfig
 from index_builder.chunking import ChunkConfig
 from index_builder.errors import ConfigError
 from index_builder.models import CrossEncoderConfig, EmbedderConfig
+from index_builder.token_encoders import TokenEncoderConfig
+from retrieval.batching import BatcherConfig
 from retrieval.dense import DenseConfig
 
 ENV_PREFIX = "HYBRIDRAG_"
@@ -60,20 +62,42 @@ class FirstStageConfig:
 @dataclass(frozen=True)
 class RerankConfig:
     """The cascade after fusion: late interaction (MaxSim over stored token vectors) reorders the top
-    ``li_top_k``, then the cross-encoder reorders the top ``ce_top_k``. Both off by default: on SciFact train and
-    NFCorpus dev neither the bundled MiniLM token vectors nor the shipped cross-encoder beat the fused list
-    (README: Results)."""
+    ``li_top_k``, then the cross-encoder reorders the top ``ce_top_k`` (README: Results has the measurements
+    behind the defaults). ``max_top_k``: the largest K a request may ask for.
+
+    Deadlines: a stage is skipped (and the result marked degraded) when the time left before the request's
+    deadline is below that stage's recent p95 latency (over the last ``latency_window`` runs); the cross-encoder
+    goes first, then late interaction. ``budget_ms`` > 0 gives requests without a deadline one.
+    """
 
     late_interaction: bool = False
     li_top_k: int = 20
     cross_encoder: bool = False
     ce_top_k: int = 5
     max_top_k: int = 100
+    budget_ms: float = 0.0
+    latency_window: int = 200
 
     def __post_init__(self) -> None:
         for name in ("li_top_k", "ce_top_k"):
             if not 1 <= getattr(self, name) <= self.max_top_k:
                 raise ValueError(f"{name} must be in [1, {self.max_top_k}], got {getattr(self, name)}")
+        if self.budget_ms < 0 or self.latency_window < 1:
+            raise ValueError("budget_ms must be >= 0 and latency_window >= 1")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Cross-request dynamic batching, one batcher per model role (see retrieval/batching.py)."""
+
+    embed: BatcherConfig = field(default_factory=lambda: BatcherConfig(max_batch_size=32, max_wait_ms=2.0))
+    query_tokens: BatcherConfig = field(default_factory=lambda: BatcherConfig(max_batch_size=32, max_wait_ms=2.0))
+    cross_encoder: BatcherConfig = field(default_factory=lambda: BatcherConfig(max_batch_size=64, max_wait_ms=2.0))
+    model_workers: int = 4  # threads running model batches (and unbatched model calls)
+
+    def __post_init__(self) -> None:
+        if self.model_workers < 1:
+            raise ValueError(f"model_workers must be >= 1, got {self.model_workers}")
 
 
 @dataclass(frozen=True)
@@ -100,12 +124,14 @@ class AppConfig:
     first_stage: FirstStageConfig = field(default_factory=FirstStageConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
+    late_interaction: TokenEncoderConfig = field(default_factory=TokenEncoderConfig)
     cross_encoder: CrossEncoderConfig = field(default_factory=CrossEncoderConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
 
     def build_config(self) -> BuildConfig:
         return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,
                            hnsw=self.hnsw, token_vectors=self.build.token_vectors,
-                           keep_snapshots=self.build.keep_snapshots)
+                           token_encoder=self.late_interaction, keep_snapshots=self.build.keep_snapshots)
 
 
 def _coerce(tp: Any, value: Any, where: str) -> Any:

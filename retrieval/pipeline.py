@@ -1,38 +1,56 @@
 """The retrieval pipeline over one index generation: validate, run the stages, report timings.
 
-First stage: BM25 and dense (embed + HNSW) run in parallel on a bounded thread pool, each returning its top-N
-documents (best chunk per document), then RRF fuses them. If the dense side is unavailable (no HNSW index,
-embedder failure) BM25 serves alone and the result is marked degraded with the reason.
+First stage: BM25 and dense (embed + HNSW) run in parallel, each returning its top-N documents (best chunk per
+document), then RRF fuses them. If the dense side is unavailable (no HNSW index, embedder failure) BM25 serves
+alone and the result is marked degraded with the reason.
 Cascade: late interaction reorders the fused top ``li_top_k`` by MaxSim over each candidate passage's stored token
 vectors, then the cross-encoder reorders the top ``ce_top_k``; everything below a stage's head keeps its order.
 Scores are comparable only within the stage that produced them (``SearchResult.stages`` keeps each stage's list).
+
+Concurrency: the request logic is one coroutine, run on the pipeline's own event loop thread; BM25, faiss and
+MaxSim run on a bounded worker pool, model calls go through cross-request micro-batchers
+(:mod:`retrieval.model_calls`), so concurrent requests share ONNX runs. :meth:`Pipeline.search` is the blocking
+entry point (CLI, evaluation, worker threads), :meth:`Pipeline.search_async` the one for asyncio callers (the
+gRPC server); both run the same code.
+
+Deadlines: given an absolute deadline (``time.monotonic()`` seconds) or a configured budget, a request whose
+deadline has passed is refused (:class:`DeadlineExceeded`) before it starts; later, the cross-encoder and then
+late interaction are skipped when the time left is below their recent p95 latency, and the result says so.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
-from index_builder.errors import InvalidRequest
+from index_builder.errors import DeadlineExceeded, InvalidRequest
 from index_builder.models import CrossEncoder, Embedder
+from index_builder.token_encoders import TokenEncoder, identity, make_token_encoder
 from index_builder.types import Hits
-from rerank.cross_encoder import CrossEncoderReranker
+from rerank.cross_encoder import rerank_by_scores
 from rerank.late_interaction import Reordering
 from retrieval.config import AppConfig
 from retrieval.filters import Filter
 from retrieval.fusion import rrf
 from retrieval.index import SearchIndex
+from retrieval.model_calls import ModelCalls
 
 log = logging.getLogger(__name__)
 
 FIRST_STAGES = ("bm25", "dense")
-STAGES = ("bm25", "dense", "late_interaction", "cross_encoder")
+RERANK_STAGES = ("late_interaction", "cross_encoder")
+STAGES = FIRST_STAGES + RERANK_STAGES
 NO_FILTER = Filter()
+T = TypeVar("T")
 
 
 def reorder(hits: Hits, r: Reordering) -> Hits:
@@ -59,22 +77,84 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
+class StageLatency:
+    """Recent latencies per stage (a bounded window), for deadline decisions."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._ms: dict[str, deque[float]] = {}
+
+    def record(self, stage: str, ms: float) -> None:
+        self._ms.setdefault(stage, deque(maxlen=self.window)).append(ms)
+
+    def p95(self, stage: str) -> float:
+        """The stage's recent p95 in ms; 0.0 before it has run (an unknown stage is given the chance to run)."""
+        values = self._ms.get(stage)
+        return float(np.percentile(np.fromiter(values, dtype=np.float64), 95)) if values else 0.0
+
+
 class Pipeline:
     def __init__(self, index: SearchIndex, embedder: Embedder, config: AppConfig,
-                 executor: Executor | None = None, cross_encoder: CrossEncoder | None = None) -> None:
+                 executor: Executor | None = None, cross_encoder: CrossEncoder | None = None,
+                 token_encoder: TokenEncoder | None = None) -> None:
         self.index = index
         self.embedder = embedder
         self.config = config
-        self.cross_encoder = CrossEncoderReranker(cross_encoder) if cross_encoder is not None else None
+        self.token_encoder = token_encoder or make_token_encoder(config.late_interaction, embedder)
+        self.cross_encoder = cross_encoder
+        self.models = ModelCalls(embedder, self.token_encoder, cross_encoder, config.batching)
+        self.latency = StageLatency(config.rerank.latency_window)
         self._own_executor = executor is None
         self.executor = executor or ThreadPoolExecutor(config.first_stage.workers, thread_name_prefix="hybridrag")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle and entry points
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=loop.run_forever, name="hybridrag-pipeline", daemon=True)
+                self._thread.start()
+                self._loop = loop
+            return self._loop
+
+    def _submit(self, coro: Coroutine[Any, Any, T]):
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
 
     def close(self) -> None:
+        with self._lock:
+            loop, thread, self._loop = self._loop, self._thread, None
+        if loop is not None and thread is not None:
+            asyncio.run_coroutine_threadsafe(self.models.aclose(), loop).result()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+        self.models.shutdown()
         if self._own_executor:
             self.executor.shutdown(wait=True)
 
-    def validate(self, query: str, k: int, candidates: int, stages: Sequence[str]) -> None:
-        fs = self.config.first_stage
+    def search(self, query: str, k: int = 10, **options: Any) -> SearchResult:
+        """Blocking search (thread-safe: concurrent callers' model calls are batched together)."""
+        if self._loop is not None and threading.current_thread() is self._thread:
+            raise RuntimeError("Pipeline.search blocks: call search_async from the pipeline's own loop")
+        return self._submit(self._search(query, k, **options)).result()
+
+    async def search_async(self, query: str, k: int = 10, **options: Any) -> SearchResult:
+        """Awaitable search for asyncio callers on any event loop (see :meth:`_search` for the options)."""
+        if asyncio.get_running_loop() is self._loop:
+            return await self._search(query, k, **options)
+        return await asyncio.wrap_future(self._submit(self._search(query, k, **options)))
+
+    def batcher_stats(self) -> dict[str, dict[str, Any]]:
+        return self.models.stats()
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(self, query: str, k: int, candidates: int, stages: Sequence[str], li_top_k: int, ce_top_k: int) -> None:
+        fs, rr = self.config.first_stage, self.config.rerank
         if not isinstance(query, str) or not query.strip():
             raise InvalidRequest("query is empty")
         if len(query) > fs.max_query_chars:
@@ -83,6 +163,9 @@ class Pipeline:
             raise InvalidRequest(f"top_k must be in [1, {fs.max_k}], got {k}")
         if not 1 <= candidates <= fs.max_candidates:
             raise InvalidRequest(f"candidates must be in [1, {fs.max_candidates}], got {candidates}")
+        for name, value in (("li_top_k", li_top_k), ("ce_top_k", ce_top_k)):
+            if not 1 <= value <= rr.max_top_k:
+                raise InvalidRequest(f"{name} must be in [1, {rr.max_top_k}], got {value}")
         unknown = [s for s in stages if s not in STAGES]
         if unknown or not any(s in FIRST_STAGES for s in stages):
             raise InvalidRequest(f"unknown stages or no first stage in {list(stages)}; allowed: {list(STAGES)} "
@@ -96,31 +179,73 @@ class Pipeline:
     def embed_query(self, query: str) -> np.ndarray:
         return self.embedder.embed([query])[0]
 
-    def search(self, query: str, k: int = 10, *, filter: Filter = NO_FILTER, candidates: int | None = None,
-               stages: Sequence[str] | None = None, exact_dense: bool = False,
-               query_vec: np.ndarray | None = None) -> SearchResult:
-        """Run the stages for one query; returns the top ``k`` documents (fused unless one first stage is asked)."""
+    def late_interaction_unavailable(self, index: SearchIndex) -> str | None:
+        """Why late interaction cannot serve on ``index`` with the configured token encoder (None if it can)."""
+        if index.late is None:
+            return "the snapshot has no token vectors"
+        have = identity(index.token_encoder or {})
+        want = identity(self.token_encoder.describe())
+        if have != want:
+            return (f"the snapshot's token vectors come from {index.token_encoder and index.token_encoder.get('name')!r}, "
+                    f"the configured token encoder is {self.token_encoder.describe().get('name')!r} "
+                    "(run 'hybridrag index tokens')")
+        return None
+
+    # ------------------------------------------------------------------ the request
+
+    async def _in_pool(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def _search(self, query: str, k: int = 10, *, filter: Filter = NO_FILTER, candidates: int | None = None,
+                      stages: Sequence[str] | None = None, exact_dense: bool = False,
+                      query_vec: np.ndarray | None = None, li_top_k: int | None = None, ce_top_k: int | None = None,
+                      deadline: float | None = None) -> SearchResult:
+        """Run the stages for one query; returns the top ``k`` documents (fused unless one first stage is asked).
+
+        ``candidates`` (top-N per first stage), ``li_top_k`` and ``ce_top_k`` default to the configuration;
+        ``deadline`` is absolute ``time.monotonic()`` seconds.
+        """
+        rr = self.config.rerank
         stages = self.default_stages() if stages is None else tuple(stages)
         candidates = candidates or max(self.config.first_stage.candidates, k)
-        self.validate(query, k, candidates, stages)
+        li_top_k = rr.li_top_k if li_top_k is None else li_top_k
+        ce_top_k = rr.ce_top_k if ce_top_k is None else ce_top_k
+        self.validate(query, k, candidates, stages, li_top_k, ce_top_k)
+        if deadline is None and rr.budget_ms > 0:
+            deadline = time.monotonic() + rr.budget_ms / 1000.0
+        if deadline is not None and time.monotonic() >= deadline:
+            raise DeadlineExceeded("the request's deadline passed before it started")
         t_total = time.perf_counter()
         index = self.index  # one generation for the whole request
         result = SearchResult(hits=Hits.empty(), generation=index.generation)
-        query_tokens: np.ndarray | None = None
         masks = index.filters.masks(filter)
         doc_mask, chunk_mask = masks if masks is not None else (None, None)
+
+        want_li = "late_interaction" in stages
+        if want_li and (why := self.late_interaction_unavailable(index)):
+            result.skipped["late_interaction"] = why
+            want_li = False
+        want_ce = "cross_encoder" in stages
+        if want_ce and self.cross_encoder is None:
+            result.skipped["cross_encoder"] = "no cross-encoder model configured"
+            want_ce = False
 
         def run_bm25() -> tuple[Hits, float]:
             t = time.perf_counter()
             return index.bm25.search(query, candidates, doc_mask), _ms(t)
 
-        bm25_future = None
+        # ColBERT query tokens are encoded alongside the first stage (embedder tokens come with the embedding).
+        tokens_task = None
+        if want_li and self.models.query_tokens is not None:
+            tokens_task = asyncio.ensure_future(self.models.encode_query_tokens(query))
+        bm25_task = None
         if "bm25" in stages:
             if self.config.first_stage.parallel and "dense" in stages:
-                bm25_future = self.executor.submit(run_bm25)
+                bm25_task = asyncio.ensure_future(self._in_pool(run_bm25))
             else:
-                result.stages["bm25"], result.timings_ms["bm25"] = run_bm25()
+                result.stages["bm25"], result.timings_ms["bm25"] = await self._in_pool(run_bm25)
 
+        query_tokens: np.ndarray | None = None
         if "dense" in stages:
             if index.dense is None:
                 result.skipped["dense"] = f"dense index unavailable: {index.dense_error}"
@@ -128,23 +253,22 @@ class Pipeline:
             else:
                 try:
                     t = time.perf_counter()
-                    if query_vec is not None:
+                    if query_vec is not None and not (want_li and tokens_task is None):
                         vec = query_vec
-                    elif "late_interaction" in stages and index.late is not None:
-                        vec, query_tokens = self.embedder.embed_with_tokens(query)  # one encoder pass for both
                     else:
-                        vec = self.embed_query(query)
+                        vec, query_tokens, wait = await self.models.embed_query(query)
+                        result.timings_ms["embed_queue"] = wait
                     result.timings_ms["embed"] = _ms(t)
                     t = time.perf_counter()
-                    result.stages["dense"] = index.dense.search(vec, candidates, doc_mask, chunk_mask,
-                                                                exact=exact_dense)
+                    result.stages["dense"] = await self._in_pool(
+                        lambda: index.dense.search(vec, candidates, doc_mask, chunk_mask, exact=exact_dense))
                     result.timings_ms["dense"] = _ms(t)
                 except Exception as e:  # an embedder/faiss failure degrades to BM25 instead of failing the query
                     log.exception("dense search failed; BM25 serves alone")
                     result.skipped["dense"] = f"dense search failed: {e}"
                     result.degraded = True
-        if bm25_future is not None:
-            result.stages["bm25"], result.timings_ms["bm25"] = bm25_future.result()
+        if bm25_task is not None:
+            result.stages["bm25"], result.timings_ms["bm25"] = await bm25_task
 
         t = time.perf_counter()
         ran = [s for s in FIRST_STAGES if s in result.stages]
@@ -155,26 +279,45 @@ class Pipeline:
             result.timings_ms["fusion"] = _ms(t)
             result.stages["fused"] = current
 
-        rr = self.config.rerank
-        if "late_interaction" in stages:
-            if index.late is None:
-                result.skipped["late_interaction"] = "the snapshot has no token vectors"
-            else:
-                t = time.perf_counter()
-                if query_tokens is None:
-                    query_tokens = self.embedder.encode_query_tokens(query)
-                current = reorder(current, index.late.rerank(query_tokens, current.chunk, rr.li_top_k))
-                result.stages["late_interaction"] = current
-                result.timings_ms["late_interaction"] = _ms(t)
-        if "cross_encoder" in stages:
-            if self.cross_encoder is None:
-                result.skipped["cross_encoder"] = "no cross-encoder model configured"
-            else:
-                t = time.perf_counter()
-                passages = [index.passage_with_title(int(c)) for c in current.chunk[: rr.ce_top_k]]
-                current = reorder(current, self.cross_encoder.rerank(query, passages, len(current)))
-                result.stages["cross_encoder"] = current
-                result.timings_ms["cross_encoder"] = _ms(t)
+        def left_ms() -> float:
+            return float("inf") if deadline is None else (deadline - time.monotonic()) * 1000.0
+
+        if want_li:
+            need_li, need_ce = self.latency.p95("late_interaction"), self.latency.p95("cross_encoder")
+            if want_ce and left_ms() < need_li + need_ce:
+                result.skipped["cross_encoder"] = (f"deadline: {left_ms():.0f} ms left, below the late_interaction + "
+                                                   f"cross_encoder p95 ({need_li:.0f} + {need_ce:.0f} ms)")
+                want_ce, result.degraded = False, True
+            if left_ms() < need_li:
+                result.skipped["late_interaction"] = (f"deadline: {left_ms():.0f} ms left, below the late_interaction "
+                                                      f"p95 ({need_li:.0f} ms)")
+                want_li, result.degraded = False, True
+        if want_li:
+            t = time.perf_counter()
+            if tokens_task is not None:
+                query_tokens, result.timings_ms["query_tokens_queue"] = await tokens_task
+            elif query_tokens is None:  # dense skipped or failed, or a vector was given: encode now
+                _, query_tokens, _ = await self.models.embed_query(query)
+            assert index.late is not None and query_tokens is not None
+            head = current
+            current = reorder(current, await self._in_pool(index.late.rerank, query_tokens, head.chunk, li_top_k))
+            result.stages["late_interaction"] = current
+            result.timings_ms["late_interaction"] = ms = _ms(t)
+            self.latency.record("late_interaction", ms)
+        elif tokens_task is not None:
+            tokens_task.cancel()
+        if want_ce and left_ms() < (need := self.latency.p95("cross_encoder")):
+            result.skipped["cross_encoder"] = (f"deadline: {left_ms():.0f} ms left, below the cross_encoder p95 "
+                                               f"({need:.0f} ms)")
+            want_ce, result.degraded = False, True
+        if want_ce:
+            t = time.perf_counter()
+            passages = [index.passage_with_title(int(c)) for c in current.chunk[:ce_top_k]]
+            scores = await self.models.score_pairs(query, passages)
+            current = reorder(current, rerank_by_scores(scores, len(current)))
+            result.stages["cross_encoder"] = current
+            result.timings_ms["cross_encoder"] = ms = _ms(t)
+            self.latency.record("cross_encoder", ms)
         result.hits = current.top(k)
         result.timings_ms["total"] = _ms(t_total)
         return result
