@@ -46,9 +46,9 @@ def maxsim_batch(query: np.ndarray, vectors: np.ndarray, offsets: np.ndarray, ro
     tokens = np.asarray(vectors[idx], dtype=np.float32)  # [sum(lengths), d]
     if scales is not None:
         tokens *= np.asarray(scales[idx], dtype=np.float32)[:, None]
-    sims = query.astype(np.float32) @ tokens.T  # [q, sum(lengths)]
+    sims = tokens @ query.astype(np.float32).T  # [sum(lengths), q]: contiguous rows, one GEMM
     nonempty = lengths > 0
     seg_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])[nonempty]
-    best = np.maximum.reduceat(sims, seg_starts, axis=1)  # [q, n_nonempty]
-    out[nonempty] = best.sum(axis=0)
+    best = np.maximum.reduceat(sims, seg_starts, axis=0)  # [n_nonempty, q]
+    out[nonempty] = best.sum(axis=1)
     return out
