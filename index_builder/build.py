@@ -172,21 +172,35 @@ def chunk_passages(docs: Sequence[Document], chunks: np.ndarray) -> list[str]:
     return [chunk_passage(docs[c["doc"]].title, docs[c["doc"]].text[c["start"]:c["end"]]) for c in chunks]
 
 
-def rebuild_token_vectors(root: Path, token_encoder: TokenEncoder, storage: str, *, out: Path | None = None,
+def rebuild_token_vectors(root: Path, token_encoder: TokenEncoder | None, storage: str, *, out: Path | None = None,
                           keep_snapshots: int = 0, progress: bool = False) -> BuildSummary:
     """Write a new generation equal to ``root``'s current snapshot but for its token vectors, recomputed with
-    ``token_encoder`` (a new late-interaction model or another storage) without re-embedding the dense side."""
+    ``token_encoder`` (a new late-interaction model or another storage) without re-embedding the dense side.
+
+    ``token_encoder=None`` re-stores the snapshot's own token vectors in ``storage`` (e.g. fp16 -> int8) with no
+    model call."""
     t0 = time.perf_counter()
     snap = load_snapshot(Path(root))
     if snap.vectors is None or snap.hnsw is None:
         raise ValueError(f"snapshot {snap.path} has no usable dense index ({snap.dense_error}): rebuild it fully")
-    t = time.perf_counter()
-    store = TokenStore.from_lists(token_encoder.encode_documents(chunk_passages(snap.documents, snap.chunks), progress=progress),
-                                  token_encoder.dim, storage)
-    encode_s = time.perf_counter() - t
     m = snap.manifest
+    t = time.perf_counter()
+    if token_encoder is not None:
+        per_passage = token_encoder.encode_documents(chunk_passages(snap.documents, snap.chunks), progress=progress)
+        dim, tokens = token_encoder.dim, token_settings(token_encoder, storage)
+    else:
+        if snap.token_vectors is None or snap.token_offsets is None or not m["models"].get("token_encoder"):
+            raise ValueError(f"snapshot {snap.path} has no token vectors to re-store; give a token encoder")
+        flat = np.asarray(snap.token_vectors, dtype=np.float32)
+        if snap.token_scales is not None:
+            flat = flat * snap.token_scales[:, None]
+        off = snap.token_offsets
+        per_passage = [flat[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+        dim, tokens = flat.shape[1], {**m["models"]["token_encoder"], "dtype": storage}
+    store = TokenStore.from_lists(per_passage, dim, storage)
+    encode_s = time.perf_counter() - t
     settings = {k: m[k] for k in ("analyzer", "bm25", "hnsw", "chunking")}
-    settings["models"] = {**m["models"], "token_encoder": token_settings(token_encoder, storage)}
+    settings["models"] = {**m["models"], "token_encoder": tokens}
     t = time.perf_counter()
     parts = SnapshotParts(snap.documents, snap.chunks, snap.bm25, np.asarray(snap.vectors), snap.hnsw,
                           store.vectors, store.offsets, settings, int(m.get("covered_seq", 0)), store.scales)

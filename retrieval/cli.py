@@ -66,7 +66,7 @@ def cmd_index_tokens(args: argparse.Namespace) -> int:
 
     config = _config(args, _thread_overrides(args))
     tc = config.late_interaction
-    encoder = make_token_encoder(tc, Embedder(config.embedder))
+    encoder = None if args.convert_only else make_token_encoder(tc, Embedder(config.embedder))
     summary = rebuild_token_vectors(Path(args.index), encoder, tc.storage, out=Path(args.out) if args.out else None,
                                     keep_snapshots=config.build.keep_snapshots, progress=not args.quiet)
     print(summary.line() + "; stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.timings.items()))
@@ -116,7 +116,7 @@ def _result_json(pipeline, query: str, res) -> dict[str, Any]:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from retrieval.evaluate import hnsw_recall, load_qrels, load_queries, run_stages, summarize, write_trec
+    from retrieval.evaluate import RERANK_VARIANTS, hnsw_recall, load_qrels, load_queries, run_stages, summarize, write_trec
 
     config = _config(args, _thread_overrides(args))
     dataset = Path(args.dataset)
@@ -144,14 +144,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # warm-up: first calls pay for lazy initialisation
     for text in list(queries.values())[:5]:
         pipeline.search(text, 10)
-    stages = run_stages(pipeline, queries, depth=100)
+    rerank = tuple(args.rerank.split(",")) if args.rerank else RERANK_VARIANTS
+    stages = run_stages(pipeline, queries, depth=100, rerank=rerank)
     summary_stages = summarize(stages, qrels)
     out: dict[str, Any] = {"dataset": dataset.name, "split": args.split, "queries": len(queries),
                            "stages": summary_stages, "index": str(index_dir), "generation": pipeline.index.generation,
                            "embedder": pipeline.embedder.describe(), "threads": args.threads or "default",
                            "config": {"fusion": vars(config.fusion), "dense": vars(config.dense),
                                       "chunking": vars(config.chunking), "analyzer": vars(config.analyzer),
-                                      "bm25": vars(config.bm25), "hnsw": vars(config.hnsw)}}
+                                      "bm25": vars(config.bm25), "hnsw": vars(config.hnsw),
+                                      "rerank": vars(config.rerank)},
+                           "token_vectors": pipeline.index.token_encoder,
+                           "cross_encoder": pipeline.cross_encoder.describe() if pipeline.cross_encoder else None}
     if "dense" in stages:
         out["hnsw_recall@100"] = hnsw_recall(stages["dense"].hits, stages["dense_exact"].hits)
     if build_info:
@@ -222,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the figures as JSON here")
     p.add_argument("--run-dir", help="write one TREC run file per stage here")
     p.add_argument("--limit", type=int, default=0, help="only the first N queries")
+    p.add_argument("--rerank", default="", help="comma-separated subset of late_interaction,cross_encoder,cascade "
+                                                "to evaluate (default: every one the index and config allow)")
     p.add_argument("--quiet", action="store_true")
     _add_common(p)
     p.set_defaults(func=cmd_eval)
@@ -236,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "configured [late_interaction] model and storage (the dense side is kept)")
     q.add_argument("--index", required=True, help="index root")
     q.add_argument("--out", help="write the new snapshot under this root instead (default: --index)")
+    q.add_argument("--convert-only", action="store_true",
+                   help="no model: convert the snapshot's own token vectors in the configured storage (fp16 <-> int8)")
     q.add_argument("--quiet", action="store_true")
     _add_common(q)
     q.set_defaults(func=cmd_index_tokens)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,15 +94,22 @@ class StageRun:
     hits: dict[str, Hits] = field(default_factory=dict)
 
 
+RERANK_VARIANTS = ("late_interaction", "cross_encoder", "cascade")
+
+
 def run_stages(pipeline: Pipeline, queries: Mapping[str, str], *, depth: int = 100,
-               progress: Callable[[int], None] | None = None) -> dict[str, StageRun]:
-    """Run each stage alone per query, timing each call (query embedding included in the dense stages)."""
+               progress: Callable[[int], None] | None = None,
+               rerank: Sequence[str] = RERANK_VARIANTS) -> dict[str, StageRun]:
+    """Run each stage alone per query, timing each call (query embedding included in the dense stages).
+
+    ``rerank``: which reranking variants to run, where the index and models allow (late interaction alone on the
+    fused list, the cross-encoder alone on it, and the cascade of both)."""
     index = pipeline.index
     names = ["bm25", "dense", "dense_exact", "fused"]
-    if index.late is not None:
-        names.append("late_interaction")
-    if pipeline.cross_encoder is not None:
-        names += ["cross_encoder", "cascade"] if index.late is not None else ["cross_encoder"]
+    li = pipeline.late_interaction_unavailable(index) is None
+    ce = pipeline.cross_encoder is not None
+    available = {"late_interaction": li, "cross_encoder": ce, "cascade": li and ce}
+    names += [v for v in RERANK_VARIANTS if v in rerank and available[v]]
     stages = {name: StageRun() for name in names}
 
     def record(name: str, qid: str, hits: Hits, seconds: float) -> None:

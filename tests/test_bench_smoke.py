@@ -20,3 +20,32 @@ def test_bm25_speed_smoke(tmp_path):
     assert entry["queries"] == 10 and entry["bm25s"]["qps"] > 0 and entry["rank_bm25"]["qps"] > 0
     assert "qps_ratio" in entry  # no speed assertion in tests: the full run's figure is in the README
     assert abs(entry["bm25s"]["ndcg@10"] - entry["rank_bm25"]["ndcg@10"]) < 0.2  # same analysis, same k1/b
+
+
+def test_batching_bench_smoke(tmp_path, sample_index_dir):
+    from bench.batching import main
+
+    out = tmp_path / "bench.json"
+    sample = REPO / "data" / "sample"
+    assert main(["--index", str(sample_index_dir), "--dataset", str(sample), "--concurrency", "1,4",
+                 "--duration", "0.5", "--rounds", "1", "--limit", "8", "--json", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["batching"].values()
+    for level in ("1", "4"):
+        r = entry["levels"][level]
+        assert r["off"]["requests"] > 0 and r["on"]["requests"] > 0 and r["on"]["errors"] == 0
+        assert r["off"]["mean_batch_size"]["embed"] == 1.0 and "qps_ratio" in r
+
+
+CE_MODEL = REPO.parent / "shared" / "models" / "ce-minilm-l6-beir-train"
+
+
+@pytest.mark.skipif(not CE_MODEL.is_dir(), reason="../shared/models/ce-minilm-l6-beir-train is absent")
+def test_ce_latency_bench_smoke(tmp_path, sample_index_dir):
+    from bench.ce_latency import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--dataset", str(REPO / "data" / "sample"), "--split", "test", "--index", str(sample_index_dir),
+                 "--model", str(CE_MODEL), "--limit", "3", "--variants", "max_length 128", "--json", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["ce_latency"].values()
+    base = next(v for k, v in entry["variants"].items() if k.startswith("baseline"))
+    assert base["same_top_k_as_baseline"] == 1.0 and entry["variants"]["max_length 128"]["p50_ms"] > 0

@@ -9,18 +9,16 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
-onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from index_builder.build import rebuild_token_vectors  # noqa: E402
-from index_builder.models import bundled_minilm  # noqa: E402
-from index_builder.token_encoders import (ColbertEncoder, TokenEncoderConfig, TokenStore,  # noqa: E402
-                                          quantize_int8)
-from rerank.maxsim import maxsim_batch  # noqa: E402
-from retrieval.index import SearchIndex  # noqa: E402
-from retrieval.pipeline import Pipeline  # noqa: E402
+from index_builder.build import rebuild_token_vectors
+from index_builder.models import bundled_minilm
+from index_builder.token_encoders import ColbertEncoder, TokenEncoderConfig, TokenStore, quantize_int8
+from rerank.maxsim import maxsim_batch
+from retrieval.index import SearchIndex
+from retrieval.pipeline import Pipeline
 
 VOCAB, HIDDEN, DIM = 30522, 16, 8
 QLEN, DLEN = 12, 16
