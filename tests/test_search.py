@@ -27,7 +27,7 @@ def test_sample_end_to_end_judged_documents_rank_high(pipeline, sample_queries, 
 
 def test_result_carries_stages_timings_and_passages(pipeline):
     res = pipeline.search("How do bees tell each other where flowers are?", k=10)
-    assert set(res.stages) == {"bm25", "dense", "fused"} and not res.degraded
+    assert set(res.stages) == {"bm25", "dense", "fused", "late_interaction"} and not res.degraded
     assert {"bm25", "embed", "dense", "fusion", "total"} <= set(res.timings_ms)
     assert len(res.hits) == 10 and (np.diff(res.hits.scores) <= 0).all()
     for d, c in zip(res.hits.doc, res.hits.chunk, strict=False):
