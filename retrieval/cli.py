@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -74,14 +75,9 @@ def cmd_index_tokens(args: argparse.Namespace) -> int:
 
 
 def _open_pipeline(index_dir: Path, config):
-    from index_builder.models import CrossEncoder, Embedder
-    from retrieval.index import SearchIndex
     from retrieval.pipeline import Pipeline
 
-    embedder = Embedder(config.embedder)
-    index = SearchIndex.load(index_dir, config, embedder)
-    cross_encoder = CrossEncoder(config.cross_encoder) if config.cross_encoder.model else None
-    return Pipeline(index, embedder, config, cross_encoder=cross_encoder)
+    return Pipeline.open(index_dir, config)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -181,6 +177,51 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from retrieval.server import serve
+
+    overrides = _thread_overrides(args)
+    if args.port is not None:
+        overrides["server"] = {"port": args.port}
+    if args.host:
+        overrides.setdefault("server", {})["host"] = args.host
+    config = _config(args, overrides)
+    logging.getLogger().setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    asyncio.run(serve(Path(args.index), config))
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import grpc
+
+    from retrieval.client import ClientOptions, RetrieverClient
+
+    opts = ClientOptions(api_key=os.environ.get("HYBRIDRAG_API_KEY", ""), tls_ca=args.tls_ca or "", timeout=args.timeout)
+    meta = dict(kv.split("=", 1) for kv in args.filter)
+    with RetrieverClient(args.target, opts) as client:
+        for query in args.query:
+            try:
+                r = client.retrieve(query, args.top_k, tenant=args.tenant, filters=meta,
+                                    stages=args.stages.split(",") if args.stages else None)
+            except grpc.RpcError as e:
+                print(f"hybridrag query: {e.code().name}: {e.details()}", file=sys.stderr)
+                return 1
+            if args.json:
+                from google.protobuf.json_format import MessageToDict
+
+                print(json.dumps(MessageToDict(r, preserving_proto_field_name=True)))
+                continue
+            timings = ", ".join(f"{k} {v:.1f}" for k, v in r.timings_ms.items())
+            flag = "; degraded: " + "; ".join(f"{s.stage}: {s.reason}" for s in r.skipped) if r.degraded else ""
+            print(f"\n{query}\n  (generation {r.index_generation}, {timings} ms{flag})")
+            for rank, p in enumerate(r.passages, 1):
+                text = " ".join(p.text.split())
+                print(f"  {rank:2d}. {p.doc_id:<14} {p.score:.4f}  {p.title[:40]!r}: {text[:90]}...")
+    return 0
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """Build the bundled sample corpus's index and answer a few of its queries."""
     out = Path(args.out)
@@ -235,6 +276,26 @@ def build_parser() -> argparse.ArgumentParser:
     from index_builder.export import add_parser as add_models_parser
 
     add_models_parser(sub)
+
+    p = sub.add_parser("serve", help="serve an index over gRPC (hybridrag.v1.Retriever, health, reflection)")
+    p.add_argument("--index", required=True, help="index root (CURRENT -> snapshot)")
+    p.add_argument("--port", type=int, help="listen port (default: [server] port, 50051; 0 = any free port)")
+    p.add_argument("--host", help="listen address (default: [server] host, 127.0.0.1)")
+    _add_common(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("query", help="ask a running server (API key from HYBRIDRAG_API_KEY)")
+    p.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT")
+    p.add_argument("query", nargs="+")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--tenant", default="")
+    p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--stages", default="")
+    p.add_argument("--tls-ca", help="PEM file to trust (TLS); default plaintext")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("index", help="maintain an index")
     isub = p.add_subparsers(dest="index_command", required=True)

@@ -105,6 +105,28 @@ class BatchingConfig:
 
 
 @dataclass(frozen=True)
+class ServerConfig:
+    """``max_in_flight``: requests served at once; more are refused with RESOURCE_EXHAUSTED (no queue).
+    ``api_keys_file``: JSON ``{"key": ["tenant", ...]}`` (``"*"`` = every tenant); empty = no authentication.
+    Keys live outside the repository (a file path from config or ``HYBRIDRAG_SERVER__API_KEYS_FILE``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 50051
+    max_in_flight: int = 64
+    grace_s: float = 10.0
+    tls_cert: str = ""
+    tls_key: str = ""
+    api_keys_file: str = ""
+    max_message_mb: int = 16
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535 or self.max_in_flight < 1 or self.grace_s < 0:
+            raise ValueError("server needs 0 <= port <= 65535, max_in_flight >= 1 and grace_s >= 0")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("server.tls_cert and server.tls_key go together")
+
+
+@dataclass(frozen=True)
 class IndexConfig:
     verify_checksums: bool = True  # sha256 every snapshot file at load (seconds for GBs of token vectors)
 
@@ -131,6 +153,7 @@ class AppConfig:
     late_interaction: TokenEncoderConfig = field(default_factory=TokenEncoderConfig)
     cross_encoder: CrossEncoderConfig = field(default_factory=CrossEncoderConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
 
     def build_config(self) -> BuildConfig:
         return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,

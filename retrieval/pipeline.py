@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -109,6 +110,14 @@ class Pipeline:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, index_dir: str | Path, config: AppConfig) -> Pipeline:
+        """Load the models the configuration names and the snapshot ``index_dir/CURRENT`` points at."""
+        embedder = Embedder(config.embedder)
+        index = SearchIndex.load(index_dir, config, embedder)
+        cross_encoder = CrossEncoder(config.cross_encoder) if config.cross_encoder.model else None
+        return cls(index, embedder, config, cross_encoder=cross_encoder)
 
     # ------------------------------------------------------------------ lifecycle and entry points
 

@@ -1,0 +1,299 @@
+"""The gRPC service: ``hybridrag.v1.Retriever`` on ``grpc.aio``, with health, reflection, admission control,
+deadlines, API keys and TLS.
+
+The event loop only parses, checks and answers: every search runs in the pipeline (its own loop thread, a bounded
+worker pool for BM25/faiss/MaxSim, model calls through the cross-request batchers), awaited here. Errors are
+mapped to status codes in one place (:func:`status_for`). ``create_server`` builds a started server without
+blocking (tests run one on port 0); ``serve`` loads everything, serves until SIGTERM/SIGINT, then drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from index_builder.errors import ConfigError, DeadlineExceeded, HybridRagError, IndexNotReady, InvalidRequest, Overloaded
+from retrieval.api import retriever_pb2 as pb
+from retrieval.api import retriever_pb2_grpc as pb_grpc
+from retrieval.config import AppConfig, ServerConfig
+from retrieval.filters import Filter
+from retrieval.pipeline import Pipeline, SearchResult
+
+log = logging.getLogger(__name__)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Retriever"].full_name
+API_KEY_HEADER = "x-api-key"
+ALL_TENANTS = "*"
+
+
+class Unauthenticated(HybridRagError):
+    """No API key, or an unknown one (UNAUTHENTICATED)."""
+
+
+class PermissionDenied(HybridRagError):
+    """The key may not read or write that tenant's data (PERMISSION_DENIED)."""
+
+
+_STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (IndexNotReady, grpc.StatusCode.UNAVAILABLE),
+    (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (NotImplementedError, grpc.StatusCode.UNIMPLEMENTED),
+)
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The one mapping from our errors to gRPC status codes; anything else is a bug: INTERNAL."""
+    for cls, code in _STATUS:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def load_api_keys(path: str) -> dict[str, frozenset[str]]:
+    if not path:
+        return {}
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"API keys file not found: {path}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"API keys file {path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and k and isinstance(v, list) for k, v in raw.items()):
+        raise ConfigError(f"API keys file {path} must map each key to a list of tenants")
+    return {k: frozenset(map(str, v)) for k, v in raw.items()}
+
+
+@dataclass
+class ServiceState:
+    """What the service serves; ``pipeline`` is None until the index and models are loaded."""
+
+    pipeline: Pipeline | None = None
+    api_keys: dict[str, frozenset[str]] = field(default_factory=dict)
+    in_flight: int = 0
+
+
+def _ranks(result: SearchResult, doc: int) -> list[pb.StageScore]:
+    out = []
+    for stage, hits in result.stages.items():
+        where = (hits.doc == doc).nonzero()[0]
+        if len(where):
+            i = int(where[0])
+            out.append(pb.StageScore(stage=stage, rank=i + 1, score=float(hits.scores[i])))
+    return out
+
+
+def to_response(pipeline: Pipeline, result: SearchResult, request_id: str) -> pb.RetrieveResponse:
+    index = pipeline.index
+    passages = []
+    for d, s, c in zip(result.hits.doc.tolist(), result.hits.scores.tolist(), result.hits.chunk.tolist(), strict=True):
+        doc = index.documents[d]
+        passages.append(pb.Passage(doc_id=doc.id, chunk_id=int(c), title=doc.title, text=index.passage(int(c)),
+                                   score=float(s), stages=_ranks(result, d), tenant=doc.tenant,
+                                   metadata={k: str(v) for k, v in doc.metadata.items()}))
+    return pb.RetrieveResponse(
+        passages=passages, timings_ms={k: float(v) for k, v in result.timings_ms.items()},
+        stages_run=[s for s in result.stages if s != "fused"],
+        skipped=[pb.SkippedStage(stage=k, reason=v) for k, v in result.skipped.items()],
+        degraded=result.degraded, index_generation=result.generation, request_id=request_id)
+
+
+class RetrieverService(pb_grpc.RetrieverServicer):
+    def __init__(self, state: ServiceState, config: ServerConfig) -> None:
+        self.state = state
+        self.config = config
+
+    # ------------------------------------------------------------------ checks
+
+    def _authorize(self, context: grpc.aio.ServicerContext, tenant: str) -> None:
+        keys = self.state.api_keys
+        if not keys:
+            return
+        meta = dict(context.invocation_metadata() or ())
+        key = meta.get(API_KEY_HEADER, "")
+        if not key and meta.get("authorization", "").lower().startswith("bearer "):
+            key = meta["authorization"][7:]
+        if not key:
+            raise Unauthenticated(f"an API key is required (metadata '{API_KEY_HEADER}')")
+        tenants = keys.get(key)
+        if tenants is None:
+            raise Unauthenticated("unknown API key")
+        if ALL_TENANTS in tenants:
+            return
+        if not tenant:
+            raise PermissionDenied(f"this key is bound to tenants {sorted(tenants)}: name one in 'tenant'")
+        if tenant not in tenants:
+            raise PermissionDenied(f"this key may not access tenant {tenant!r}")
+
+    def _pipeline(self) -> Pipeline:
+        if self.state.pipeline is None:
+            raise IndexNotReady("the index is not loaded yet")
+        return self.state.pipeline
+
+    async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException, request_id: str) -> None:
+        code = status_for(exc)
+        if code == grpc.StatusCode.INTERNAL:
+            log.error("request %s failed", request_id, exc_info=exc)
+            await context.abort(code, f"internal error (request id {request_id})")
+        await context.abort(code, str(exc))
+
+    # ------------------------------------------------------------------ RPCs
+
+    async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
+        request_id = uuid.uuid4().hex[:16]
+        context.set_trailing_metadata((("x-request-id", request_id),))
+        if self.state.in_flight >= self.config.max_in_flight:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"overloaded: {self.state.in_flight} requests in flight (max {self.config.max_in_flight})")
+        self.state.in_flight += 1
+        t0 = time.perf_counter()
+        try:
+            remaining = context.time_remaining()
+            deadline = None if remaining is None else time.monotonic() + remaining
+            if remaining is not None and remaining <= 0:
+                raise DeadlineExceeded("the call's deadline passed before it started")
+            self._authorize(context, request.tenant)
+            pipeline = self._pipeline()
+            opts = request.options
+            if len(request.query) > pipeline.config.first_stage.max_query_chars:
+                raise InvalidRequest(f"query is {len(request.query)} characters; at most "
+                                     f"{pipeline.config.first_stage.max_query_chars} are allowed")
+            for name in ("candidates", "li_top_k", "ce_top_k"):
+                if getattr(opts, name) < 0:
+                    raise InvalidRequest(f"options.{name} must be >= 1 (0 = default), got {getattr(opts, name)}")
+            if request.top_k < 0:
+                raise InvalidRequest(f"top_k must be in [1, {pipeline.config.first_stage.max_k}] (0 = 10), got {request.top_k}")
+            result = await pipeline.search_async(
+                request.query, request.top_k or 10, filter=Filter.of(request.tenant, dict(request.filters)),
+                candidates=opts.candidates or None, stages=list(opts.stages) or None,
+                li_top_k=opts.li_top_k or None, ce_top_k=opts.ce_top_k or None, deadline=deadline)
+            response = to_response(pipeline, result, request_id)
+            log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms)
+            return response
+        except asyncio.CancelledError:
+            log.info("request %s cancelled by the client after %.1f ms", request_id, (time.perf_counter() - t0) * 1000)
+            raise
+        except Exception as e:  # noqa: BLE001  (mapped to a status code in one place)
+            await self._fail(context, e, request_id)
+            raise  # unreachable: abort raises
+        finally:
+            self.state.in_flight -= 1
+
+    async def GetIndexStatus(self, request: pb.GetIndexStatusRequest, context: grpc.aio.ServicerContext) -> pb.IndexStatus:
+        try:
+            self._authorize(context, ALL_TENANTS if not self.state.api_keys else _any_tenant(self.state, context))
+            pipeline = self._pipeline()
+        except Exception as e:  # noqa: BLE001
+            await self._fail(context, e, "status")
+            raise
+        index = pipeline.index
+        models = {"embedder": str(pipeline.embedder.model_id),
+                  "token_encoder": str(pipeline.token_encoder.describe().get("name")),
+                  "cross_encoder": pipeline.cross_encoder.files.name if pipeline.cross_encoder else ""}
+        return pb.IndexStatus(
+            generation=index.generation, documents=len(index.documents), chunks=len(index.chunks), buffered_writes=0,
+            last_rebuild=str(index.snapshot.manifest.get("created_at", "")), models=models,
+            dense_available=index.dense is not None, dense_error=index.dense_error or "",
+            late_interaction_available=pipeline.late_interaction_unavailable(index) is None,
+            snapshot_path=str(index.snapshot.path))
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Generate is not implemented yet (generation issue)")
+
+    async def Upsert(self, request: pb.UpsertRequest, context: grpc.aio.ServicerContext) -> pb.UpsertResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Upsert is not implemented yet (live-index issue)")
+        raise AssertionError
+
+    async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Delete is not implemented yet (live-index issue)")
+        raise AssertionError
+
+
+def _any_tenant(state: ServiceState, context: grpc.aio.ServicerContext) -> str:
+    """Status is not tenant data: any valid key may read it (the check still refuses missing/unknown keys)."""
+    meta = dict(context.invocation_metadata() or ())
+    tenants = state.api_keys.get(meta.get(API_KEY_HEADER, ""), frozenset())
+    return next(iter(sorted(tenants)), "")
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    state: ServiceState
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE):
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float) -> None:
+        """Health NOT_SERVING, refuse new calls, let in-flight ones finish within ``grace_s``."""
+        await self.set_serving(False)
+        await self.server.stop(grace_s)
+
+
+async def create_server(config: ServerConfig, pipeline: Pipeline | None = None,
+                        api_keys: Mapping[str, frozenset[str]] | None = None) -> RunningServer:
+    """Build and start a server (port 0 picks a free one). Health is NOT_SERVING until a pipeline is set and
+    :meth:`RunningServer.set_serving` is called (``serve`` does both once the index and models are loaded)."""
+    limit = config.max_message_mb * 2**20
+    server = grpc.aio.server(options=[("grpc.max_send_message_length", limit),
+                                      ("grpc.max_receive_message_length", limit),
+                                      ("grpc.so_reuseport", 0)])
+    state = ServiceState(pipeline=pipeline, api_keys=dict(api_keys or load_api_keys(config.api_keys_file)))
+    pb_grpc.add_RetrieverServicer_to_server(RetrieverService(state, config), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    address = f"{config.host}:{config.port}"
+    if config.tls_cert:
+        creds = grpc.ssl_server_credentials([(Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())])
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        raise ConfigError(f"cannot listen on {address}")
+    await server.start()
+    running = RunningServer(server, port, health_servicer, state)
+    await running.set_serving(False)
+    return running
+
+
+async def serve(index_dir: Path, app_config: AppConfig) -> None:
+    """Listen at once (health NOT_SERVING), load the index and models, turn SERVING, serve until SIGTERM/SIGINT,
+    then drain gracefully."""
+    config = app_config.server
+    running = await create_server(config)
+    log.warning("hybridrag listening on %s:%d (loading the index)", config.host, running.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    pipeline = None
+    try:
+        pipeline = await loop.run_in_executor(None, Pipeline.open, index_dir, app_config)
+        running.state.pipeline = pipeline
+        await running.set_serving(True)
+        log.warning("hybridrag serving %s (generation %d) on port %d", index_dir, pipeline.index.generation, running.port)
+        await stop.wait()
+    finally:
+        log.warning("hybridrag stopping: draining in-flight calls (grace %.1f s)", config.grace_s)
+        await running.stop(config.grace_s)
+        if pipeline is not None:
+            pipeline.close()
