@@ -1,0 +1,236 @@
+"""The gRPC service against a real server on a free loopback port, serving the sample index with the real model."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import random
+import threading
+from collections.abc import Mapping
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from retrieval.api import retriever_pb2 as pb
+from retrieval.client import AsyncRetrieverClient, ClientOptions, RetrieverClient, RetryPolicy
+from retrieval.config import ServerConfig
+from retrieval.server import SERVICE, RunningServer, create_server
+
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+class ServerThread:
+    """A server on its own event loop thread, so blocking test code can call it."""
+
+    def __init__(self, pipeline, config: ServerConfig, api_keys: Mapping[str, frozenset[str]] | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.running: RunningServer = self.run(create_server(config, pipeline, api_keys))
+        self.run(self.running.set_serving(True))
+        self.target = f"127.0.0.1:{self.running.port}"
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.run(self.running.stop(grace))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+
+
+@pytest.fixture(scope="module")
+def server(pipeline):
+    s = ServerThread(pipeline, ServerConfig(port=0))
+    yield s
+    s.stop()
+
+
+def _client(server, **kw) -> RetrieverClient:
+    return RetrieverClient(server.target, ClientOptions(retry=NO_RETRY, **kw))
+
+
+def _ids(response: pb.RetrieveResponse) -> list[str]:
+    return [p.doc_id for p in response.passages]
+
+
+def test_retrieve_equals_the_library(server, pipeline, sample_queries):
+    with _client(server) as c:
+        for q in list(sample_queries.values())[:6]:
+            r = c.retrieve(q, 10)
+            lib = pipeline.search(q, 10)
+            assert _ids(r) == [pipeline.index.documents[d].id for d in lib.hits.doc]
+            assert r.index_generation == lib.generation and len(r.request_id) == 16 and not r.degraded
+            assert set(r.stages_run) == {"bm25", "dense", "late_interaction"} and r.timings_ms["total"] > 0
+            top = r.passages[0]
+            assert top.text and {s.stage for s in top.stages} >= {"fused", "late_interaction"}
+        status = c.status()
+        assert status.documents == len(pipeline.index.documents) and status.dense_available
+        assert status.late_interaction_available and status.generation == pipeline.index.generation
+
+
+def test_health_and_reflection(server):
+    with grpc.insecure_channel(server.target) as ch:
+        h = health_pb2_grpc.HealthStub(ch)
+        for name in ("", SERVICE):
+            assert h.Check(health_pb2.HealthCheckRequest(service=name)).status == health_pb2.HealthCheckResponse.SERVING
+        r = reflection_pb2_grpc.ServerReflectionStub(ch)
+        (resp,) = list(r.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+        names = {s.name for s in resp.list_services_response.service}
+        assert {"hybridrag.v1.Retriever", "grpc.health.v1.Health"} <= names
+
+
+@pytest.mark.parametrize(("kwargs", "code", "message"), [
+    ({"query": ""}, grpc.StatusCode.INVALID_ARGUMENT, "query is empty"),
+    ({"query": "bees", "top_k": 1000}, grpc.StatusCode.INVALID_ARGUMENT, r"top_k must be in [1, 100], got 1000"),
+    ({"query": "bees", "stages": ["bm25", "splade"]}, grpc.StatusCode.INVALID_ARGUMENT, "allowed: ['bm25'"),
+    ({"query": "bees", "li_top_k": 500}, grpc.StatusCode.INVALID_ARGUMENT, "li_top_k must be in [1, 100], got 500"),
+    ({"query": "bees", "candidates": 5000}, grpc.StatusCode.INVALID_ARGUMENT, "candidates must be in [1, 1000]"),
+    ({"query": "bees", "filters": {"": "x"}}, grpc.StatusCode.INVALID_ARGUMENT, "metadata filter keys must be non-empty"),
+    ({"query": "x" * 5000}, grpc.StatusCode.INVALID_ARGUMENT, "at most 2048 are allowed"),
+])
+def test_bad_input_gets_its_status_and_a_message(server, kwargs, code, message):
+    with _client(server) as c, pytest.raises(grpc.RpcError) as e:
+        c.retrieve(**kwargs)
+    assert e.value.code() == code and message in e.value.details()
+
+
+def test_unimplemented_and_deadline(server):
+    with _client(server) as c:
+        with pytest.raises(grpc.RpcError) as e:
+            c.upsert([pb.Document(id="a", text="b")])
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "live-index" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            c.retrieve("bees", 10, timeout=0.0005)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_64_concurrent_clients_all_get_correct_answers(server, pipeline, sample_queries):
+    queries = [list(sample_queries.values())[i % len(sample_queries)] for i in range(64)]
+    expected = {q: [pipeline.index.documents[d].id for d in pipeline.search(q, 5).hits.doc] for q in set(queries)}
+
+    async def main() -> list[pb.RetrieveResponse]:
+        clients = [AsyncRetrieverClient(server.target, ClientOptions(retry=NO_RETRY, timeout=60)) for _ in range(64)]
+        try:
+            return await asyncio.gather(*(c.retrieve(q, 5) for c, q in zip(clients, queries, strict=True)))
+        finally:
+            await asyncio.gather(*(c.close() for c in clients))
+
+    responses = asyncio.run(main())
+    for q, r in zip(queries, responses, strict=True):
+        assert _ids(r) == expected[q]
+
+
+def test_overload_fails_fast_with_resource_exhausted(pipeline, sample_queries):
+    s = ServerThread(pipeline, ServerConfig(port=0, max_in_flight=2))
+    queries = list(sample_queries.values())
+
+    async def main():
+        async with AsyncRetrieverClient(s.target, ClientOptions(retry=NO_RETRY, timeout=60)) as c:
+            return await asyncio.gather(*(c.retrieve(queries[i % len(queries)], 5) for i in range(24)),
+                                        return_exceptions=True)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        s.stop()
+    refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert refused and all(r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for r in refused)
+    assert "max 2" in refused[0].details()
+    assert any(isinstance(r, pb.RetrieveResponse) for r in results)
+
+
+def test_graceful_shutdown_completes_in_flight_calls(pipeline, sample_queries):
+    s = ServerThread(pipeline, ServerConfig(port=0))
+    queries = list(sample_queries.values())[:8]
+
+    async def main():
+        async with AsyncRetrieverClient(s.target, ClientOptions(retry=NO_RETRY, timeout=60)) as c:
+            calls = [asyncio.ensure_future(c.retrieve(q, 5)) for q in queries]
+            await asyncio.sleep(0.05)  # the calls are on the wire
+            stopping = asyncio.get_running_loop().run_in_executor(None, s.stop, 10.0)
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            await stopping
+            return results
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, pb.RetrieveResponse) and len(r.passages) == 5 for r in results), results
+    with _client(s) as c, pytest.raises(grpc.RpcError) as e:
+        c.retrieve("bees", 5, timeout=2)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def _self_signed(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hybridrag-test")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=1))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls(pipeline, tmp_path):
+    cert, key = _self_signed(tmp_path)
+    s = ServerThread(pipeline, ServerConfig(port=0, tls_cert=str(cert), tls_key=str(key)))
+    try:
+        target = f"localhost:{s.running.port}"
+        with RetrieverClient(target, ClientOptions(tls_ca=str(cert), retry=NO_RETRY)) as c:
+            assert len(c.retrieve("how do bees find flowers", 3).passages) == 3
+        with RetrieverClient(target, ClientOptions(retry=NO_RETRY, timeout=3)) as plain, pytest.raises(grpc.RpcError) as e:
+            plain.retrieve("bees", 3)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        s.stop()
+
+
+def test_api_keys_bind_callers_to_their_tenants(pipeline, sample_queries, tmp_path):
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps({"key-acme": ["acme"], "key-two": ["globex", "initech"], "key-admin": ["*"]}))
+    s = ServerThread(pipeline, ServerConfig(port=0, api_keys_file=str(keys_file)))
+    try:
+        def call(key: str, tenant: str, query: str = "energy", k: int = 10):
+            with _client(s, api_key=key) as c:
+                return c.retrieve(query, k, tenant=tenant)
+
+        for key, tenant, code in (("", "acme", grpc.StatusCode.UNAUTHENTICATED),
+                                  ("nope", "acme", grpc.StatusCode.UNAUTHENTICATED),
+                                  ("key-acme", "globex", grpc.StatusCode.PERMISSION_DENIED),
+                                  ("key-acme", "", grpc.StatusCode.PERMISSION_DENIED)):
+            with pytest.raises(grpc.RpcError) as e:
+                call(key, tenant)
+            assert e.value.code() == code, (key, tenant)
+        assert len(call("key-admin", "").passages) == 10
+        # Property: over random keys, tenants and queries, a caller never sees another tenant's document.
+        rng = random.Random(7)
+        tenant_of = {d.id: d.tenant for d in pipeline.index.documents}
+        allowed = {"key-acme": {"acme"}, "key-two": {"globex", "initech"}}
+        queries = list(sample_queries.values())
+        for _ in range(40):
+            key = rng.choice(sorted(allowed))
+            tenant = rng.choice(["acme", "globex", "initech"])
+            query = rng.choice(queries)
+            if tenant not in allowed[key]:
+                with pytest.raises(grpc.RpcError) as e:
+                    call(key, tenant, query)
+                assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                continue
+            r = call(key, tenant, query, k=rng.choice([1, 5, 20]))
+            assert r.passages and {tenant_of[p.doc_id] for p in r.passages} == {tenant}
+    finally:
+        s.stop()
