@@ -7,7 +7,9 @@ import datetime as dt
 import json
 import random
 import threading
+import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import grpc
 import pytest
@@ -234,3 +236,54 @@ def test_api_keys_bind_callers_to_their_tenants(pipeline, sample_queries, tmp_pa
             assert r.passages and {tenant_of[p.doc_id] for p in r.passages} == {tenant}
     finally:
         s.stop()
+
+
+def test_unavailable_until_the_index_is_loaded():
+    s = ServerThread(None, ServerConfig(port=0))
+    try:
+        s.run(s.running.set_serving(False))
+        with grpc.insecure_channel(s.target) as ch:
+            h = health_pb2_grpc.HealthStub(ch)
+            assert h.Check(health_pb2.HealthCheckRequest(service=SERVICE)).status == \
+                health_pb2.HealthCheckResponse.NOT_SERVING
+        with _client(s) as c, pytest.raises(grpc.RpcError) as e:
+            c.retrieve("bees", 5)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "not loaded" in e.value.details()
+    finally:
+        s.stop()
+
+
+CE_MODEL = Path(__file__).resolve().parent.parent.parent / "shared" / "models" / "ce-minilm-l6-beir-train"
+
+
+@pytest.mark.skipif(not CE_MODEL.is_dir(), reason="../shared/models/ce-minilm-l6-beir-train is absent")
+def test_a_cancelled_call_stops_its_work(sample_index, embedder, config):
+    import dataclasses
+
+    from index_builder.models import CrossEncoder, CrossEncoderConfig
+    from retrieval.batching import BatcherConfig
+    from retrieval.pipeline import Pipeline
+
+    small = BatcherConfig(max_batch_size=4, max_wait_ms=0, max_concurrent_batches=1)
+    cfg = dataclasses.replace(config, batching=dataclasses.replace(config.batching, cross_encoder=small))
+    p = Pipeline(sample_index, embedder, cfg, cross_encoder=CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL))))
+    s = ServerThread(p, ServerConfig(port=0))
+    stages = ["bm25", "dense", "cross_encoder"]
+    try:
+        async def main():
+            async with AsyncRetrieverClient(s.target, ClientOptions(retry=NO_RETRY, timeout=60)) as c:
+                call = asyncio.ensure_future(c.retrieve("how do bees find flowers", 10, stages=stages, ce_top_k=60))
+                for _ in range(200):  # wait until the cross-encoder has started on this request's pairs
+                    await asyncio.sleep(0.02)
+                    if p.batcher_stats()["cross_encoder"]["batches"] >= 1:
+                        break
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+        asyncio.run(main())
+        time.sleep(1.0)  # let the batch that was running finish
+        stats = p.batcher_stats()["cross_encoder"]
+        assert stats["items"] < 60 and stats["dropped"] > 0, stats  # the rest of its pairs were never scored
+    finally:
+        s.stop()
+        p.close()
