@@ -188,7 +188,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.host:
         overrides.setdefault("server", {})["host"] = args.host
     config = _config(args, overrides)
-    logging.getLogger().setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    if args.log_json:
+        from retrieval.server import JsonLogFormatter
+
+        for handler in root.handlers:
+            handler.setFormatter(JsonLogFormatter())
     asyncio.run(serve(Path(args.index), config))
     return 0
 
@@ -281,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", required=True, help="index root (CURRENT -> snapshot)")
     p.add_argument("--port", type=int, help="listen port (default: [server] port, 50051; 0 = any free port)")
     p.add_argument("--host", help="listen address (default: [server] host, 127.0.0.1)")
+    p.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
     _add_common(p)
     p.set_defaults(func=cmd_serve)
 

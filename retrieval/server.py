@@ -64,6 +64,20 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line (time, level, logger, message, request_id and timings when the record has them)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+               "message": record.getMessage()}
+        for key in ("request_id", "timings_ms"):
+            if hasattr(record, key):
+                out[key] = getattr(record, key)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
 def load_api_keys(path: str) -> dict[str, frozenset[str]]:
     if not path:
         return {}
@@ -147,7 +161,7 @@ class RetrieverService(pb_grpc.RetrieverServicer):
     async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException, request_id: str) -> None:
         code = status_for(exc)
         if code == grpc.StatusCode.INTERNAL:
-            log.error("request %s failed", request_id, exc_info=exc)
+            log.error("request %s failed", request_id, exc_info=exc, extra={"request_id": request_id})
             await context.abort(code, f"internal error (request id {request_id})")
         await context.abort(code, str(exc))
 
@@ -182,10 +196,12 @@ class RetrieverService(pb_grpc.RetrieverServicer):
                 candidates=opts.candidates or None, stages=list(opts.stages) or None,
                 li_top_k=opts.li_top_k or None, ce_top_k=opts.ce_top_k or None, deadline=deadline)
             response = to_response(pipeline, result, request_id)
-            log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms)
+            log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms,
+                      extra={"request_id": request_id, "timings_ms": result.timings_ms})
             return response
         except asyncio.CancelledError:
-            log.info("request %s cancelled by the client after %.1f ms", request_id, (time.perf_counter() - t0) * 1000)
+            log.info("request %s cancelled by the client after %.1f ms", request_id, (time.perf_counter() - t0) * 1000,
+                     extra={"request_id": request_id})
             raise
         except Exception as e:  # noqa: BLE001  (mapped to a status code in one place)
             await self._fail(context, e, request_id)
@@ -280,7 +296,7 @@ async def serve(index_dir: Path, app_config: AppConfig) -> None:
     then drain gracefully."""
     config = app_config.server
     running = await create_server(config)
-    log.warning("hybridrag listening on %s:%d (loading the index)", config.host, running.port)
+    log.info("hybridrag listening on %s:%d (loading the index)", config.host, running.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -290,10 +306,10 @@ async def serve(index_dir: Path, app_config: AppConfig) -> None:
         pipeline = await loop.run_in_executor(None, Pipeline.open, index_dir, app_config)
         running.state.pipeline = pipeline
         await running.set_serving(True)
-        log.warning("hybridrag serving %s (generation %d) on port %d", index_dir, pipeline.index.generation, running.port)
+        log.info("hybridrag serving %s (generation %d) on port %d", index_dir, pipeline.index.generation, running.port)
         await stop.wait()
     finally:
-        log.warning("hybridrag stopping: draining in-flight calls (grace %.1f s)", config.grace_s)
+        log.info("hybridrag stopping: draining in-flight calls (grace %.1f s)", config.grace_s)
         await running.stop(config.grace_s)
         if pipeline is not None:
             pipeline.close()

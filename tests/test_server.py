@@ -287,3 +287,37 @@ def test_a_cancelled_call_stops_its_work(sample_index, embedder, config):
     finally:
         s.stop()
         p.close()
+
+
+def test_serve_command_loads_serves_and_drains_on_sigterm(sample_index_dir):
+    """``hybridrag serve`` as users run it: a subprocess on a free port; health turns SERVING after the load;
+    SIGTERM drains and exits 0."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "serve", "--index", str(sample_index_dir),
+                             "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            m = re.search(r"serving .* on port (\d+)", line)
+            if m:
+                port = int(m.group(1))
+                break
+        assert port, "".join(lines)
+        assert any("listening" in ln for ln in lines)  # it listened (NOT_SERVING) before the index was loaded
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=SERVICE)).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+        with RetrieverClient(f"127.0.0.1:{port}", ClientOptions(retry=NO_RETRY)) as c:
+            assert len(c.retrieve("how do bees find flowers", 3).passages) == 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert "draining" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
