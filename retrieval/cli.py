@@ -180,7 +180,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from retrieval.server import serve
+    from retrieval.server import load_api_keys, serve
 
     overrides = _thread_overrides(args)
     if args.port is not None:
@@ -195,7 +195,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         for handler in root.handlers:
             handler.setFormatter(JsonLogFormatter())
-    asyncio.run(serve(Path(args.index), config))
+    keys = load_api_keys(config.server.api_keys_file, os.environ.get("HYBRIDRAG_API_KEYS", ""))
+    asyncio.run(serve(Path(args.index), config, keys))
     return 0
 
 

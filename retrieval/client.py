@@ -132,6 +132,12 @@ class AsyncRetrieverClient:
     async def status(self, timeout: float | None = None) -> pb.IndexStatus:
         return await self._call(self.stub.GetIndexStatus, pb.GetIndexStatusRequest(), timeout)
 
+    async def upsert(self, documents: Sequence[pb.Document], timeout: float | None = None) -> pb.UpsertResponse:
+        return await self._call(self.stub.Upsert, pb.UpsertRequest(documents=list(documents)), timeout)
+
+    async def delete(self, ids: Sequence[str], tenant: str = "", timeout: float | None = None) -> pb.DeleteResponse:
+        return await self._call(self.stub.Delete, pb.DeleteRequest(ids=list(ids), tenant=tenant), timeout)
+
     async def close(self) -> None:
         await self.channel.close()
 

@@ -78,18 +78,28 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-def load_api_keys(path: str) -> dict[str, frozenset[str]]:
-    if not path:
-        return {}
+def parse_api_keys(text: str, where: str) -> dict[str, frozenset[str]]:
+    """``{"key": ["tenant", ...]}`` (``"*"`` = every tenant) from ``where`` (a file name or an environment variable)."""
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"API keys file not found: {path}") from None
+        raw = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"API keys file {path} is not valid JSON: {e}") from None
+        raise ConfigError(f"API keys in {where} are not valid JSON: {e}") from None
     if not isinstance(raw, dict) or not all(isinstance(k, str) and k and isinstance(v, list) for k, v in raw.items()):
-        raise ConfigError(f"API keys file {path} must map each key to a list of tenants")
+        raise ConfigError(f"API keys in {where} must map each key to a list of tenants")
     return {k: frozenset(map(str, v)) for k, v in raw.items()}
+
+
+def load_api_keys(path: str, env_value: str = "") -> dict[str, frozenset[str]]:
+    """Keys from the configured file and/or the ``HYBRIDRAG_API_KEYS`` value (read at the edge); never from the repo."""
+    keys: dict[str, frozenset[str]] = {}
+    if path:
+        try:
+            keys.update(parse_api_keys(Path(path).read_text(encoding="utf-8"), path))
+        except FileNotFoundError:
+            raise ConfigError(f"API keys file not found: {path}") from None
+    if env_value:
+        keys.update(parse_api_keys(env_value, "HYBRIDRAG_API_KEYS"))
+    return keys
 
 
 @dataclass
@@ -291,11 +301,11 @@ async def create_server(config: ServerConfig, pipeline: Pipeline | None = None,
     return running
 
 
-async def serve(index_dir: Path, app_config: AppConfig) -> None:
+async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, frozenset[str]] | None = None) -> None:
     """Listen at once (health NOT_SERVING), load the index and models, turn SERVING, serve until SIGTERM/SIGINT,
     then drain gracefully."""
     config = app_config.server
-    running = await create_server(config)
+    running = await create_server(config, api_keys=api_keys)
     log.info("hybridrag listening on %s:%d (loading the index)", config.host, running.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -321,3 +321,18 @@ def test_serve_command_loads_serves_and_drains_on_sigterm(sample_index_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_api_keys_from_file_and_environment(tmp_path):
+    from index_builder.errors import ConfigError
+    from retrieval.server import load_api_keys
+
+    f = tmp_path / "keys.json"
+    f.write_text('{"k1": ["acme"]}')
+    assert load_api_keys(str(f), '{"k2": ["*"]}') == {"k1": frozenset({"acme"}), "k2": frozenset({"*"})}
+    with pytest.raises(ConfigError, match="HYBRIDRAG_API_KEYS are not valid JSON"):
+        load_api_keys("", "{nope")
+    with pytest.raises(ConfigError, match="must map each key to a list of tenants"):
+        load_api_keys("", '{"k": "acme"}')
+    with pytest.raises(ConfigError, match="not found"):
+        load_api_keys(str(tmp_path / "missing.json"))
