@@ -143,10 +143,11 @@ class RetrieverService(pb_grpc.RetrieverServicer):
 
     # ------------------------------------------------------------------ checks
 
-    def _authorize(self, context: grpc.aio.ServicerContext, tenant: str) -> None:
+    def _authenticate(self, context: grpc.aio.ServicerContext) -> frozenset[str] | None:
+        """The caller's tenants (None when no API keys are configured: everyone may read everything)."""
         keys = self.state.api_keys
         if not keys:
-            return
+            return None
         meta = dict(context.invocation_metadata() or ())
         key = meta.get(API_KEY_HEADER, "")
         if not key and meta.get("authorization", "").lower().startswith("bearer "):
@@ -156,7 +157,11 @@ class RetrieverService(pb_grpc.RetrieverServicer):
         tenants = keys.get(key)
         if tenants is None:
             raise Unauthenticated("unknown API key")
-        if ALL_TENANTS in tenants:
+        return tenants
+
+    def _authorize(self, context: grpc.aio.ServicerContext, tenant: str) -> None:
+        tenants = self._authenticate(context)
+        if tenants is None or ALL_TENANTS in tenants:
             return
         if not tenant:
             raise PermissionDenied(f"this key is bound to tenants {sorted(tenants)}: name one in 'tenant'")
@@ -221,7 +226,7 @@ class RetrieverService(pb_grpc.RetrieverServicer):
 
     async def GetIndexStatus(self, request: pb.GetIndexStatusRequest, context: grpc.aio.ServicerContext) -> pb.IndexStatus:
         try:
-            self._authorize(context, ALL_TENANTS if not self.state.api_keys else _any_tenant(self.state, context))
+            self._authenticate(context)  # status is not tenant data: any valid key may read it
             pipeline = self._pipeline()
         except Exception as e:  # noqa: BLE001
             await self._fail(context, e, "status")
@@ -247,13 +252,6 @@ class RetrieverService(pb_grpc.RetrieverServicer):
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Delete is not implemented yet (live-index issue)")
         raise AssertionError
-
-
-def _any_tenant(state: ServiceState, context: grpc.aio.ServicerContext) -> str:
-    """Status is not tenant data: any valid key may read it (the check still refuses missing/unknown keys)."""
-    meta = dict(context.invocation_metadata() or ())
-    tenants = state.api_keys.get(meta.get(API_KEY_HEADER, ""), frozenset())
-    return next(iter(sorted(tenants)), "")
 
 
 @dataclass
