@@ -60,6 +60,35 @@ async def _closed_loop(pipeline, queries: list[str], concurrency: int, duration:
             "requests": len(latencies), "errors": errors}
 
 
+def model_batch_scaling(pipeline, queries: list[str], sizes=(1, 4, 16), repeats: int = 3) -> dict[str, Any]:
+    """Items per second of each model role called directly at several batch sizes: how much a bigger batch can
+    save at all on this machine (the ceiling for what cross-request batching can give)."""
+    models = pipeline.models
+    roles: dict[str, Any] = {"embed": models._embed_batch}
+    if models.query_tokens is not None:
+        roles["query_tokens"] = models.query_tokens.fn
+    if models.pairs is not None:
+        passages = [pipeline.index.passage_with_title(c) for c in range(min(len(pipeline.index.chunks), 64))]
+        roles["cross_encoder"] = lambda qs: models.pairs.fn([(q, passages[i % len(passages)]) for i, q in enumerate(qs)])
+    out: dict[str, Any] = {}
+    for name, fn in roles.items():
+        per_size = {}
+        for size in sizes:
+            batches = [queries[i:i + size] for i in range(0, min(len(queries), 64), size)]
+            batches = [b for b in batches if len(b) == size] or [queries[:size]]
+            fn(batches[0])  # warm-up
+            best = float("inf")
+            for _ in range(repeats):
+                t = time.perf_counter()
+                for b in batches:
+                    fn(b)
+                best = min(best, time.perf_counter() - t)
+            per_size[str(size)] = round(sum(len(b) for b in batches) / best, 1)
+        out[name] = {"items_per_s": per_size, "gain_16_vs_1": round(per_size[str(sizes[-1])] / per_size[str(sizes[0])], 2)}
+        print(f"model {name:<14} items/s by batch size {per_size}", file=sys.stderr)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", required=True)
@@ -99,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in pipelines.values():  # warm-up: sessions, caches, the stages' latency windows
             for q in queries[:5]:
                 p.search(q, 10, stages=stages)
+        scaling = model_batch_scaling(pipelines["on"], queries)
         results: dict[str, Any] = {}
         for c in levels:
             rounds: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
@@ -131,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = {"dataset": Path(args.dataset).name, "stages": list(stages), "duration": args.duration,
                "rounds": args.rounds, "late_interaction_model": config.late_interaction.model or "embedder",
                "cross_encoder": config.cross_encoder.model, "batching": dataclasses.asdict(config.batching)}
-        write_result(args.json, "batching", cfg, {"levels": results, "queries": len(queries)})
+        write_result(args.json, "batching", cfg, {"levels": results, "queries": len(queries),
+                                                  "model_batch_scaling": scaling})
     return 0
 
 

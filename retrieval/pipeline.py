@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from index_builder.errors import DeadlineExceeded, InvalidRequest
 from index_builder.models import CrossEncoder, Embedder
@@ -105,6 +106,8 @@ class Pipeline:
         self.cross_encoder = cross_encoder
         self.models = ModelCalls(embedder, self.token_encoder, cross_encoder, config.batching)
         self.latency = StageLatency(config.rerank.latency_window)
+        if config.first_stage.blas_threads > 0:  # process-wide (BLAS has one pool); see FirstStageConfig
+            threadpool_limits(limits=config.first_stage.blas_threads, user_api="blas")
         self._own_executor = executor is None
         self.executor = executor or ThreadPoolExecutor(config.first_stage.workers, thread_name_prefix="hybridrag")
         self._loop: asyncio.AbstractEventLoop | None = None
