@@ -96,6 +96,12 @@ def index_settings(config: BuildConfig, embedder: Embedder, token_encoder: Token
     }
 
 
+def _with_avgdl(settings: dict[str, Any], avgdl: float) -> dict[str, Any]:
+    """Record the mean analysed passage length: with the index's document frequencies it lets the live index
+    score passages outside the index on the same scale (retrieval.bm25.BM25Stats)."""
+    return {**settings, "bm25": {**settings["bm25"], "avgdl": avgdl}}
+
+
 def expected_settings(config: BuildConfig, embedder: Embedder) -> dict[str, Any]:
     """Dotted manifest keys that must equal the configuration for a snapshot to be served with it."""
     analyzer = Analyzer(config.analyzer).settings()
@@ -132,7 +138,9 @@ def build_snapshot(docs: Sequence[Document], root: Path, config: BuildConfig, em
     t = time.perf_counter()
     analyzer = Analyzer(config.analyzer)
     bm25 = bm25s.BM25(k1=config.bm25.k1, b=config.bm25.b, method="lucene")
-    bm25.index(analyzer.batch(passages), show_progress=progress)
+    passage_terms = analyzer.batch(passages)
+    bm25.index(passage_terms, show_progress=progress)
+    avgdl = float(np.mean([len(t) for t in passage_terms])) if passage_terms else 0.0
     timings["bm25"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -158,7 +166,7 @@ def build_snapshot(docs: Sequence[Document], root: Path, config: BuildConfig, em
     t = time.perf_counter()
     parts = SnapshotParts(list(docs), chunks, bm25, encoded.embeddings, hnsw,
                           None if store is None else store.vectors, None if store is None else store.offsets,
-                          index_settings(config, embedder, token_encoder), covered_seq,
+                          _with_avgdl(index_settings(config, embedder, token_encoder), avgdl), covered_seq,
                           None if store is None else store.scales)
     path = write_snapshot(Path(root), parts, keep_last=config.keep_snapshots)
     timings["write"] = time.perf_counter() - t

@@ -6,18 +6,19 @@ stage) swaps in a new one atomically while old requests finish on the old one.
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from index_builder.analysis import Analyzer, AnalyzerConfig
-from index_builder.build import expected_settings
+from index_builder.build import chunk_passages, expected_settings
 from index_builder.chunking import chunk_passage
 from index_builder.models import Embedder
 from index_builder.snapshot import LoadedSnapshot, load_snapshot
 from rerank.late_interaction import LateInteractionReranker
 from retrieval.aggregate import doc_starts
-from retrieval.bm25 import BM25Retriever
+from retrieval.bm25 import BM25Retriever, BM25Stats
 from retrieval.config import AppConfig
 from retrieval.dense import DenseRetriever
 from retrieval.filters import FilterIndex
@@ -50,6 +51,16 @@ class SearchIndex:
         expected = expected_settings(config.build_config(), embedder)
         snap = load_snapshot(Path(root), expected=expected, checksums=config.index.verify_checksums)
         return cls(snap, config)
+
+    @cached_property
+    def bm25_stats(self) -> BM25Stats:
+        """This snapshot's BM25 statistics (avgdl from the manifest; recomputed for snapshots built before it was
+        recorded)."""
+        avgdl = self.snapshot.manifest.get("bm25", {}).get("avgdl")
+        if avgdl is None:
+            terms = self.bm25.analyzer.batch(chunk_passages(self.documents, self.chunks))
+            avgdl = float(np.mean([len(t) for t in terms])) if terms else 0.0
+        return BM25Stats.of(self.snapshot.bm25, avgdl)
 
     @property
     def generation(self) -> int:
