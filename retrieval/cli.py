@@ -55,7 +55,16 @@ def cmd_build(args: argparse.Namespace) -> int:
     if report.skipped:
         print(f"skipped {report.skipped} bad line(s); first: {report.errors[0]}", file=sys.stderr)
     print(f"read {len(docs)} documents from {report.path} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-    summary = build_snapshot(docs, Path(args.out), config.build_config(), progress=not args.quiet)
+    seq = 0
+    if args.store:  # the store becomes the source of truth; the snapshot records the sequence number it covers
+        from retrieval.store import MAX_BATCH, DocumentStore
+
+        store = DocumentStore(args.store)
+        for start in range(0, len(docs), MAX_BATCH):
+            store.upsert(docs[start:start + MAX_BATCH])
+        seq, docs = store.snapshot()
+        store.close()
+    summary = build_snapshot(docs, Path(args.out), config.build_config(), progress=not args.quiet, covered_seq=seq)
     print(summary.line() + "; stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.timings.items()))
     return 0
 
@@ -196,7 +205,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for handler in root.handlers:
             handler.setFormatter(JsonLogFormatter())
     keys = load_api_keys(config.server.api_keys_file, os.environ.get("HYBRIDRAG_API_KEYS", ""))
-    asyncio.run(serve(Path(args.index), config, keys))
+    asyncio.run(serve(Path(args.index), config, keys, Path(args.store) if args.store else None))
     return 0
 
 
@@ -251,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", required=True, help="corpus file, or a BEIR dataset folder")
     p.add_argument("--out", required=True, help="index root folder (snapshots/ and CURRENT are written there)")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed lines and report how many")
+    p.add_argument("--store", help="also write the documents to this document store (SQLite) and build from it, "
+                                   "for a server that accepts writes (serve --store)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_common(p)
     p.set_defaults(func=cmd_build)
@@ -289,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="listen port (default: [server] port, 50051; 0 = any free port)")
     p.add_argument("--host", help="listen address (default: [server] host, 127.0.0.1)")
     p.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
+    p.add_argument("--store", help="document store (SQLite) for Upsert/Delete; writes after the snapshot are replayed")
     _add_common(p)
     p.set_defaults(func=cmd_serve)
 

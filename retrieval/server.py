@@ -28,7 +28,9 @@ from retrieval.api import retriever_pb2 as pb
 from retrieval.api import retriever_pb2_grpc as pb_grpc
 from retrieval.config import AppConfig, ServerConfig
 from retrieval.filters import Filter
+from retrieval.live import LiveIndex
 from retrieval.pipeline import Pipeline, SearchResult
+from retrieval.store import DocumentStore
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +106,13 @@ def load_api_keys(path: str, env_value: str = "") -> dict[str, frozenset[str]]:
 
 @dataclass
 class ServiceState:
-    """What the service serves; ``pipeline`` is None until the index and models are loaded."""
+    """What the service serves; ``pipeline`` is None until the index and models are loaded; ``live`` (writes) is
+    None without a document store."""
 
     pipeline: Pipeline | None = None
     api_keys: dict[str, frozenset[str]] = field(default_factory=dict)
     in_flight: int = 0
+    live: LiveIndex | None = None
 
 
 def _ranks(result: SearchResult, doc: int) -> list[pb.StageScore]:
@@ -236,7 +240,8 @@ class RetrieverService(pb_grpc.RetrieverServicer):
                   "token_encoder": str(pipeline.token_encoder.describe().get("name")),
                   "cross_encoder": pipeline.cross_encoder.files.name if pipeline.cross_encoder else ""}
         return pb.IndexStatus(
-            generation=index.generation, documents=len(index.documents), chunks=len(index.chunks), buffered_writes=0,
+            generation=index.generation, documents=len(index.documents), chunks=len(index.chunk_doc),
+            buffered_writes=int(getattr(index, "buffered", 0)),
             last_rebuild=str(index.snapshot.manifest.get("created_at", "")), models=models,
             dense_available=index.dense is not None, dense_error=index.dense_error or "",
             late_interaction_available=pipeline.late_interaction_unavailable(index) is None,
@@ -245,13 +250,42 @@ class RetrieverService(pb_grpc.RetrieverServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Generate is not implemented yet (generation issue)")
 
+    def _live(self) -> LiveIndex:
+        self._pipeline()
+        if self.state.live is None:
+            raise NotImplementedError("this server has no document store: start it with --store PATH to accept writes")
+        return self.state.live
+
     async def Upsert(self, request: pb.UpsertRequest, context: grpc.aio.ServicerContext) -> pb.UpsertResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Upsert is not implemented yet (live-index issue)")
-        raise AssertionError
+        request_id = uuid.uuid4().hex[:16]
+        try:
+            live = self._live()
+            for i, d in enumerate(request.documents):
+                self._authorize(context, d.tenant)
+                if not d.id:
+                    raise InvalidRequest(f"document {i}: 'id' must be a non-empty string")
+            docs = [{"_id": d.id, "title": d.title, "text": d.text, "tenant": d.tenant, "metadata": dict(d.metadata)}
+                    for d in request.documents]
+            result = await asyncio.get_running_loop().run_in_executor(None, live.upsert, docs)
+            log.info("request %s: upserted %d documents (seq %d)", request_id, result.count, result.seq,
+                     extra={"request_id": request_id})
+            return pb.UpsertResponse(sequence=result.seq, upserted=result.count)
+        except Exception as e:  # noqa: BLE001
+            await self._fail(context, e, request_id)
+            raise
 
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Delete is not implemented yet (live-index issue)")
-        raise AssertionError
+        request_id = uuid.uuid4().hex[:16]
+        try:
+            live = self._live()
+            if self.state.api_keys:
+                self._authorize(context, request.tenant)
+            result = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: live.delete(list(request.ids), tenant=request.tenant or None))
+            return pb.DeleteResponse(sequence=result.seq, deleted=result.count)
+        except Exception as e:  # noqa: BLE001
+            await self._fail(context, e, request_id)
+            raise
 
 
 @dataclass
@@ -299,7 +333,8 @@ async def create_server(config: ServerConfig, pipeline: Pipeline | None = None,
     return running
 
 
-async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, frozenset[str]] | None = None) -> None:
+async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, frozenset[str]] | None = None,
+                store_path: Path | None = None) -> None:
     """Listen at once (health NOT_SERVING), load the index and models, turn SERVING, serve until SIGTERM/SIGINT,
     then drain gracefully."""
     config = app_config.server
@@ -312,6 +347,12 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
     pipeline = None
     try:
         pipeline = await loop.run_in_executor(None, Pipeline.open, index_dir, app_config)
+        if store_path is not None:
+            store = DocumentStore(store_path)
+            live = await loop.run_in_executor(None, LiveIndex, pipeline.index, store, pipeline.embedder,
+                                              pipeline.token_encoder, app_config)
+            live.on_publish(lambda view: setattr(pipeline, "index", view))
+            running.state.live = live
         running.state.pipeline = pipeline
         await running.set_serving(True)
         log.info("hybridrag serving %s (generation %d) on port %d", index_dir, pipeline.index.generation, running.port)

@@ -104,7 +104,7 @@ def test_unimplemented_and_deadline(server):
     with _client(server) as c:
         with pytest.raises(grpc.RpcError) as e:
             c.upsert([pb.Document(id="a", text="b")])
-        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "live-index" in e.value.details()
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "--store" in e.value.details()
         with pytest.raises(grpc.RpcError) as e:
             c.retrieve("bees", 10, timeout=0.0005)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -336,3 +336,44 @@ def test_api_keys_from_file_and_environment(tmp_path):
         load_api_keys("", '{"k": "acme"}')
     with pytest.raises(ConfigError, match="not found"):
         load_api_keys(str(tmp_path / "missing.json"))
+
+
+def test_writes_over_grpc_are_durable_visible_and_checked(tmp_path, sample_docs, config, embedder):
+    from index_builder.build import build_snapshot
+    from index_builder.token_encoders import EmbedderTokens
+    from retrieval.index import SearchIndex
+    from retrieval.live import LiveIndex
+    from retrieval.pipeline import Pipeline
+    from retrieval.store import DocumentStore
+
+    store = DocumentStore(tmp_path / "store.db")
+    store.upsert(sample_docs)
+    seq, docs = store.snapshot()
+    build_snapshot(docs, tmp_path / "index", config.build_config(), embedder, covered_seq=seq)
+    p = Pipeline(SearchIndex.load(tmp_path / "index", config, embedder), embedder, config)
+    live = LiveIndex(p.index, store, embedder, EmbedderTokens(embedder), config)
+    live.on_publish(lambda view: setattr(p, "index", view))
+    keys = {"key-acme": frozenset({"acme"}), "key-admin": frozenset({"*"})}
+    s = ServerThread(p, ServerConfig(port=0), api_keys=keys)
+    s.running.state.live = live
+    new = pb.Document(id="new-1", tenant="acme", title="Axolotl regeneration",
+                      text="Axolotls regrow whole limbs from a blastema of dedifferentiated cells.")
+    try:
+        with _client(s, api_key="key-acme") as c:
+            r = c.upsert([new])
+            assert r.upserted == 1 and r.sequence == seq + 1
+            hit = c.retrieve("how do axolotls regrow limbs", 3, tenant="acme")
+            assert hit.passages[0].doc_id == "new-1" and c.status().buffered_writes == 1
+            with pytest.raises(grpc.RpcError) as e:  # another tenant's document: refused, nothing written
+                c.upsert([pb.Document(id="x", tenant="globex", text="t")])
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            with pytest.raises(grpc.RpcError) as e:
+                c.upsert([pb.Document(id="ok", tenant="acme", text="fine"), pb.Document(id="bad", tenant="acme", text=" ")])
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "document 1 ('bad')" in e.value.details()
+            assert store.get("ok") is None and store.last_seq() == seq + 1
+            d = c.delete(["new-1"], tenant="acme")
+            assert d.deleted == 1
+            assert "new-1" not in [x.doc_id for x in c.retrieve("how do axolotls regrow limbs", 10, tenant="acme").passages]
+    finally:
+        s.stop()
+        p.close()
