@@ -131,6 +131,20 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class LiveConfig:
+    """Background rebuilds of the live index: when this many writes are buffered, or the oldest buffered write
+    is this old (0 = never by that rule); checked every ``check_interval_s``."""
+
+    rebuild_after_writes: int = 1000
+    rebuild_after_s: float = 600.0
+    check_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.rebuild_after_writes < 0 or self.rebuild_after_s < 0 or self.check_interval_s <= 0:
+            raise ValueError("live needs rebuild_after_writes >= 0, rebuild_after_s >= 0, check_interval_s > 0")
+
+
+@dataclass(frozen=True)
 class IndexConfig:
     verify_checksums: bool = True  # sha256 every snapshot file at load (seconds for GBs of token vectors)
 
@@ -158,6 +172,7 @@ class AppConfig:
     cross_encoder: CrossEncoderConfig = field(default_factory=CrossEncoderConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    live: LiveConfig = field(default_factory=LiveConfig)
 
     def build_config(self) -> BuildConfig:
         return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from index_builder.build import chunk_passages
+from index_builder.build import BuildSummary, build_snapshot, chunk_passages
 from index_builder.chunking import Chunker
 from index_builder.models import Embedder
 from index_builder.snapshot import CHUNK_DTYPE
@@ -72,12 +73,20 @@ class BufferState:
     vectors: np.ndarray  # float32 [n_chunks, dim]
     tokens: list[np.ndarray]  # per chunk, [t, tdim] (float16)
     terms: list[list[str]]  # per chunk, analysed (BM25)
-    hidden: frozenset[str]
+    hidden: Mapping[str, int]  # id -> sequence number of its last write since the snapshot
     seq: int  # the store's sequence number this state reflects
+    doc_seqs: tuple[int, ...] = ()  # per buffered document, the sequence number of its version
 
     @classmethod
     def empty(cls, dim: int, seq: int) -> BufferState:
-        return cls((), np.zeros(0, CHUNK_DTYPE), np.zeros((0, dim), np.float32), [], [], frozenset(), seq)
+        return cls((), np.zeros(0, CHUNK_DTYPE), np.zeros((0, dim), np.float32), [], [], {}, seq)
+
+    def after(self, seq: int) -> BufferState:
+        """What stays buffered once a snapshot covering ``seq`` is served: the writes after ``seq``."""
+        keep = {d.id for d, s in zip(self.docs, self.doc_seqs, strict=True) if s <= seq}
+        base = self.without(keep)
+        return BufferState(base.docs, base.chunks, base.vectors, base.tokens, base.terms,
+                           {i: s for i, s in self.hidden.items() if s > seq}, self.seq, base.doc_seqs)
 
     def without(self, ids: set[str]) -> BufferState:
         """This state minus the buffered documents with these ids (their chunks too)."""
@@ -91,20 +100,25 @@ class BufferState:
         chunks["doc"] = remap[chunks["doc"]]
         rows = np.flatnonzero(keep)
         return BufferState(tuple(self.docs[i] for i in keep_docs), chunks, self.vectors[rows],
-                           [self.tokens[i] for i in rows], [self.terms[i] for i in rows], self.hidden, self.seq)
+                           [self.tokens[i] for i in rows], [self.terms[i] for i in rows], self.hidden, self.seq,
+                           tuple(self.doc_seqs[i] for i in keep_docs))
 
-    def plus(self, enc: Encoded, seq: int) -> BufferState:
+    def plus(self, enc: Encoded, seqs: Sequence[int]) -> BufferState:
+        """Add (or replace) documents written with these sequence numbers (one per document of ``enc``)."""
         ids = {d.id for d in enc.docs}
         base = self.without(ids)
         chunks = enc.chunks.copy()
         chunks["doc"] += len(base.docs)
+        hidden = {**base.hidden, **{d.id: s for d, s in zip(enc.docs, seqs, strict=True)}}
         return BufferState(base.docs + enc.docs, np.concatenate([base.chunks, chunks]),
                            np.concatenate([base.vectors, enc.vectors]), base.tokens + enc.tokens,
-                           base.terms + enc.terms, base.hidden | ids, seq)
+                           base.terms + enc.terms, hidden, max(self.seq, max(seqs)), base.doc_seqs + tuple(seqs))
 
-    def minus(self, ids: set[str], seq: int) -> BufferState:
-        base = self.without(ids)
-        return BufferState(base.docs, base.chunks, base.vectors, base.tokens, base.terms, base.hidden | ids, seq)
+    def minus(self, deleted: Mapping[str, int]) -> BufferState:
+        """Remove documents deleted at these sequence numbers (id -> seq)."""
+        base = self.without(set(deleted))
+        return BufferState(base.docs, base.chunks, base.vectors, base.tokens, base.terms, {**base.hidden, **deleted},
+                           max(self.seq, max(deleted.values(), default=self.seq)), base.doc_seqs)
 
 
 class _Concat(Sequence[Document]):
@@ -272,8 +286,13 @@ class LiveIndex:
         self.chunker = Chunker(embedder.files.tokenizer_path, config.chunking)
         te = base.token_encoder or {}
         self.storage = str(te.get("dtype", config.late_interaction.storage))
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # writers and the swap
+        self._rebuild_lock = threading.Lock()  # one rebuild at a time
         self._listeners: list[Callable[[LiveView], None]] = []
+        self._first_buffered: float | None = None
+        self._stop = threading.Event()
+        self._auto: threading.Thread | None = None
+        self.rebuilds: list[dict[str, float]] = []  # seconds and covered sequence number of each rebuild
         covered = int(base.snapshot.manifest.get("covered_seq", 0))
         self.view = LiveView(base, BufferState.empty(embedder.dim, covered), self.storage)
         self.replay()
@@ -283,6 +302,10 @@ class LiveIndex:
         fn(self.view)
 
     def _publish(self, state: BufferState) -> None:
+        if state.docs or state.hidden:
+            self._first_buffered = self._first_buffered or time.monotonic()
+        else:
+            self._first_buffered = None
         self.view = LiveView(self.base, state, self.storage)
         for fn in self._listeners:
             fn(self.view)
@@ -298,23 +321,28 @@ class LiveIndex:
         return Encoded(tuple(docs), chunks, enc.embeddings, [t.astype(np.float16) for t in tokens], terms)
 
     def replay(self) -> int:
-        """Apply the store's writes newer than the snapshot (start-up); returns how many were applied."""
-        changes = self.store.changes_since(self.view.state.seq)
-        if not changes:
-            return 0
-        state = self.view.state
-        current = {c.id: c for c in changes}  # the last change per id decides
-        deleted = {i for i, c in current.items() if c.op == "delete" or c.document is None}
-        docs = [c.document for c in current.values() if c.op == "upsert" and c.document is not None]
-        if deleted:
-            state = state.minus(deleted, changes[-1].seq)
-        if docs:
-            state = state.plus(self.encode(docs), changes[-1].seq)
+        """Apply the store's writes newer than what is served (start-up); returns how many were applied."""
         with self._lock:
-            self._publish(state)
-        log.info("replayed %d writes (%d documents buffered) since sequence %d", len(changes), len(docs),
-                 changes[0].seq - 1)
-        return len(changes)
+            state = self._apply(self.view.state, self.store.changes_since(self.view.state.seq))
+            applied = state.seq - self.view.state.seq
+            if applied:
+                self._publish(state)
+        if applied:
+            log.info("replayed the writes up to sequence %d (%d documents buffered)", state.seq, len(state.docs))
+        return applied
+
+    def _apply(self, state: BufferState, changes: Sequence[Any]) -> BufferState:
+        if not changes:
+            return state
+        current = {c.id: c for c in changes}  # the last change per id decides
+        deleted = {i: c.seq for i, c in current.items() if c.op == "delete" or c.document is None}
+        upserts = [c for c in current.values() if c.op == "upsert" and c.document is not None]
+        if deleted:
+            state = state.minus(deleted)
+        if upserts:
+            state = state.plus(self.encode([c.document for c in upserts]), [c.seq for c in upserts])
+        return BufferState(state.docs, state.chunks, state.vectors, state.tokens, state.terms, state.hidden,
+                           max(state.seq, changes[-1].seq), state.doc_seqs)
 
     def upsert(self, documents: Sequence[Document | Mapping[str, Any]], *, tenant: str | None = None) -> WriteResult:
         docs = [validate_document(d, i) for i, d in enumerate(documents)]
@@ -322,14 +350,65 @@ class LiveIndex:
         with self._lock:
             result = self.store.upsert(docs, tenant=tenant)  # durable when this returns
             assert encoded is not None
-            self._publish(self.view.state.plus(encoded, result.seq))
+            seqs = list(range(result.seq - len(docs) + 1, result.seq + 1))  # one per document, in order
+            self._publish(self.view.state.plus(encoded, seqs))
         return result
 
     def delete(self, ids: Sequence[str], *, tenant: str | None = None) -> WriteResult:
         with self._lock:
-            before = {i: self.store.get(i) for i in dict.fromkeys(ids)} if tenant is not None else None
             result = self.store.delete(ids, tenant=tenant)
-            gone = set(ids) if before is None else {i for i, d in before.items() if d is not None and d.tenant == tenant}
-            if result.count:
-                self._publish(self.view.state.minus(gone, result.seq))
+            if result.count:  # the store numbers the deleted ids in order; read them back to tombstone exactly
+                changes = [c for c in self.store.changes_since(result.seq - result.count) if c.op == "delete"]
+                self._publish(self.view.state.minus({c.id: c.seq for c in changes}))
         return result
+
+    # ------------------------------------------------------------------ rebuild and swap
+
+    def rebuild(self) -> BuildSummary | None:
+        """Build a new snapshot from the store (no lock held: writes and queries go on), then swap it in: the
+        buffer keeps only the writes the new snapshot does not cover. Returns None when the store is empty."""
+        with self._rebuild_lock:
+            t0 = time.perf_counter()
+            seq, docs = self.store.snapshot()
+            if not docs:
+                return None
+            root = self.base.snapshot.path.parent.parent
+            summary = build_snapshot(docs, root, self.config.build_config(), self.embedder, covered_seq=seq,
+                                     token_encoder=self.token_encoder)
+            new_base = SearchIndex.load(root, self.config, self.embedder)
+            with self._lock:
+                self.base = new_base
+                self._publish(self.view.state.after(seq))
+            seconds = time.perf_counter() - t0
+            self.rebuilds.append({"seconds": seconds, "covered_seq": float(seq), "documents": float(len(docs))})
+            log.info("rebuilt generation %d from the store (sequence %d, %d documents) in %.1f s; %d writes stay "
+                     "buffered", new_base.generation, seq, len(docs), seconds, len(self.view.state.docs))
+            return summary
+
+    def rebuild_due(self) -> bool:
+        lc = self.config.live
+        state = self.view.state
+        pending = len(state.hidden)
+        if not pending:
+            return False
+        if lc.rebuild_after_writes and pending >= lc.rebuild_after_writes:
+            return True
+        age = 0.0 if self._first_buffered is None else time.monotonic() - self._first_buffered
+        return bool(lc.rebuild_after_s) and age >= lc.rebuild_after_s
+
+    def start_auto_rebuild(self) -> None:
+        """A background thread that rebuilds when the buffer is large or old enough (``[live]`` config)."""
+        def loop() -> None:
+            while not self._stop.wait(self.config.live.check_interval_s):
+                try:
+                    if self.rebuild_due():
+                        self.rebuild()
+                except Exception:  # a failed rebuild must not stop serving: the buffer still answers
+                    log.exception("background rebuild failed; serving the previous generation and the buffer")
+        self._auto = threading.Thread(target=loop, name="hybridrag-rebuild", daemon=True)
+        self._auto.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._auto is not None:
+            self._auto.join()

@@ -73,6 +73,7 @@ class SearchResult:
     skipped: dict[str, str] = field(default_factory=dict)
     degraded: bool = False
     generation: int = 0
+    index: Any = None  # the index generation (or live view) that served it: resolve doc/chunk ids against this one
 
 
 def _ms(t0: float) -> float:
@@ -229,7 +230,7 @@ class Pipeline:
             raise DeadlineExceeded("the request's deadline passed before it started")
         t_total = time.perf_counter()
         index = self.index  # one generation for the whole request
-        result = SearchResult(hits=Hits.empty(), generation=index.generation)
+        result = SearchResult(hits=Hits.empty(), generation=index.generation, index=index)
         masks = index.filters.masks(filter)
         doc_mask, chunk_mask = masks if masks is not None else (None, None)
 

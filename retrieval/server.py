@@ -126,7 +126,7 @@ def _ranks(result: SearchResult, doc: int) -> list[pb.StageScore]:
 
 
 def to_response(pipeline: Pipeline, result: SearchResult, request_id: str) -> pb.RetrieveResponse:
-    index = pipeline.index
+    index = result.index  # the generation that served the request (a swap may have happened since)
     passages = []
     for d, s, c in zip(result.hits.doc.tolist(), result.hits.scores.tolist(), result.hits.chunk.tolist(), strict=True):
         doc = index.documents[d]

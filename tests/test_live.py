@@ -38,7 +38,7 @@ def live(tmp_path, sample_docs, config, embedder):
 
 def ids(pipeline, query, k=10, **kw):
     res = pipeline.search(query, k, **kw)
-    return [pipeline.index.documents[d].id for d in res.hits.doc], res
+    return [res.index.documents[d].id for d in res.hits.doc], res
 
 
 def test_an_upsert_is_visible_to_the_next_query_in_every_stage(live):
@@ -51,8 +51,8 @@ def test_an_upsert_is_visible_to_the_next_query_in_every_stage(live):
     assert top[0] == "new-001"
     for stage in ("bm25", "dense", "fused", "late_interaction"):
         hits = res.stages[stage]
-        assert pipeline.index.documents[hits.doc[0]].id == "new-001", stage
-    assert "blastema" in pipeline.index.passage(int(res.hits.chunk[0]))
+        assert res.index.documents[hits.doc[0]].id == "new-001", stage
+    assert "blastema" in res.index.passage(int(res.hits.chunk[0]))
     # filters apply to buffered documents too
     assert "new-001" not in ids(pipeline, query, filter=Filter.of("globex"))[0]
     assert ids(pipeline, query, filter=Filter.of("acme", {"topic": "bio"}))[0][0] == "new-001"
@@ -112,3 +112,95 @@ def test_restart_replays_the_store_and_matches_a_rebuild(live, config, embedder)
     finally:
         p2.close()
         p3.close()
+
+
+def test_writers_and_readers_across_swaps(live, config, embedder):
+    """8 writers and 16 readers for a bounded time while the index is rebuilt and swapped twice: no errors, no
+    deleted document served after its delete was acknowledged, every acknowledged upsert found by a query that
+    started after the ack; afterwards the served results equal a fresh build's."""
+    import random
+    import threading
+    import time
+
+    li, pipeline, store, tmp_path = live
+    acked: dict[str, float] = {}  # id -> when its upsert was acknowledged
+    deleted: dict[str, float] = {}  # id -> when its delete was acknowledged
+    errors: list[BaseException] = []
+    misses: list[str] = []
+    leaks: list[str] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def writer(w: int) -> None:
+        rng = random.Random(w)
+        i = 0
+        try:
+            while not stop.is_set():
+                doc_id = f"w{w}-{i}"
+                li.upsert([Document(id=doc_id, tenant="acme", title=f"note {w} {i}",
+                                    text=f"marker zq{w}q{i} written by writer {w} as note number {i}")])
+                with lock:
+                    acked[doc_id] = time.monotonic()
+                if i and rng.random() < 0.3:
+                    victim = f"w{w}-{rng.randrange(i)}"
+                    if victim not in deleted:
+                        li.delete([victim])
+                        with lock:
+                            deleted[victim] = time.monotonic()
+                i += 1
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    def reader(r: int) -> None:
+        rng = random.Random(100 + r)
+        try:
+            while not stop.is_set():
+                with lock:
+                    candidates = [d for d in acked if d not in deleted]
+                    gone = dict(deleted)
+                if not candidates:
+                    time.sleep(0.01)
+                    continue
+                target = rng.choice(candidates)
+                w, i = target[1:].split("-")
+                started = time.monotonic()
+                res = pipeline.search(f"zq{w}q{i}", 10)
+                found = {res.index.documents[d].id for d in res.hits.doc}
+                with lock:
+                    if target not in found and target not in deleted:
+                        misses.append(target)
+                    leaks.extend(d for d in found if d in gone and gone[d] < started)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+    threads += [threading.Thread(target=reader, args=(r,)) for r in range(16)]
+    for t in threads:
+        t.start()
+    generations = [pipeline.index.generation]
+    try:
+        for _ in range(2):
+            time.sleep(2.0)
+            li.rebuild()  # swaps while writers and readers run
+            generations.append(pipeline.index.generation)
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[:3]
+    assert len(set(generations)) == 3, generations
+    assert not leaks, leaks[:5]
+    assert not misses, misses[:5]
+    assert len(acked) >= 16 and deleted
+    li.rebuild()  # everything written is now in the snapshot
+    assert pipeline.index.buffered == 0
+    seq, docs = store.snapshot()
+    build_snapshot(docs, tmp_path / "fresh", config.build_config(), embedder, covered_seq=seq)
+    fresh = Pipeline(SearchIndex.load(tmp_path / "fresh", config, embedder), embedder, config)
+    try:
+        for q in ["how do bees find flowers", "largest volcano in the solar system", "zq3q1", "contract disputes"]:
+            a, b = ids(pipeline, q, stages=STAGES)[0], ids(fresh, q, stages=STAGES)[0]
+            assert a[0] == b[0] and len(set(a) & set(b)) >= 9, (q, a, b)
+    finally:
+        fresh.close()
