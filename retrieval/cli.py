@@ -83,6 +83,22 @@ def cmd_index_tokens(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index_rebuild(args: argparse.Namespace) -> int:
+    from index_builder.build import build_snapshot
+    from retrieval.store import DocumentStore
+
+    config = _config(args, _thread_overrides(args))
+    store = DocumentStore(args.store)
+    seq, docs = store.snapshot()
+    store.close()
+    if not docs:
+        print(f"hybridrag index rebuild: the store {args.store} holds no documents", file=sys.stderr)
+        return 2
+    summary = build_snapshot(docs, Path(args.index), config.build_config(), progress=not args.quiet, covered_seq=seq)
+    print(summary.line() + f"; covers sequence {seq}")
+    return 0
+
+
 def _open_pipeline(index_dir: Path, config):
     from retrieval.pipeline import Pipeline
 
@@ -328,6 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quiet", action="store_true")
     _add_common(q)
     q.set_defaults(func=cmd_index_tokens)
+    r = isub.add_parser("rebuild", help="build a new snapshot from the document store (a running server also "
+                                        "rebuilds by itself, or on the Rebuild call)")
+    r.add_argument("--index", required=True, help="index root")
+    r.add_argument("--store", required=True, help="document store (SQLite)")
+    r.add_argument("--quiet", action="store_true")
+    _add_common(r)
+    r.set_defaults(func=cmd_index_rebuild)
 
     p = sub.add_parser("quickstart", help="build the sample corpus index and answer sample queries")
     p.add_argument("--out", default="indexes/sample")

@@ -85,6 +85,9 @@ class RetrieverClient:
     def status(self, timeout: float | None = None) -> pb.IndexStatus:
         return self._call(self.stub.GetIndexStatus, pb.GetIndexStatusRequest(), timeout)
 
+    def rebuild(self, timeout: float | None = 600.0) -> pb.RebuildResponse:
+        return self._call(self.stub.Rebuild, pb.RebuildRequest(), timeout)
+
     def upsert(self, documents: Sequence[pb.Document], timeout: float | None = None) -> pb.UpsertResponse:
         return self._call(self.stub.Upsert, pb.UpsertRequest(documents=list(documents)), timeout)
 
@@ -131,6 +134,9 @@ class AsyncRetrieverClient:
 
     async def status(self, timeout: float | None = None) -> pb.IndexStatus:
         return await self._call(self.stub.GetIndexStatus, pb.GetIndexStatusRequest(), timeout)
+
+    async def rebuild(self, timeout: float | None = 600.0) -> pb.RebuildResponse:
+        return await self._call(self.stub.Rebuild, pb.RebuildRequest(), timeout)
 
     async def upsert(self, documents: Sequence[pb.Document], timeout: float | None = None) -> pb.UpsertResponse:
         return await self._call(self.stub.Upsert, pb.UpsertRequest(documents=list(documents)), timeout)

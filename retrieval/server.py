@@ -274,6 +274,23 @@ class RetrieverService(pb_grpc.RetrieverServicer):
             await self._fail(context, e, request_id)
             raise
 
+    async def Rebuild(self, request: pb.RebuildRequest, context: grpc.aio.ServicerContext) -> pb.RebuildResponse:
+        request_id = uuid.uuid4().hex[:16]
+        try:
+            live = self._live()
+            if self.state.api_keys:
+                tenants = self._authenticate(context)
+                if tenants is not None and ALL_TENANTS not in tenants:
+                    raise PermissionDenied("rebuilding the index needs a key for all tenants ('*')")
+            t = time.perf_counter()
+            await asyncio.get_running_loop().run_in_executor(None, live.rebuild)
+            view = live.view
+            return pb.RebuildResponse(generation=view.generation, covered_sequence=int(view.snapshot.manifest["covered_seq"]),
+                                      seconds=time.perf_counter() - t, still_buffered=view.buffered)
+        except Exception as e:  # noqa: BLE001
+            await self._fail(context, e, request_id)
+            raise
+
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
         request_id = uuid.uuid4().hex[:16]
         try:
@@ -352,6 +369,7 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
             live = await loop.run_in_executor(None, LiveIndex, pipeline.index, store, pipeline.embedder,
                                               pipeline.token_encoder, app_config)
             live.on_publish(lambda view: setattr(pipeline, "index", view))
+            live.start_auto_rebuild()
             running.state.live = live
         running.state.pipeline = pipeline
         await running.set_serving(True)
@@ -360,5 +378,7 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
     finally:
         log.info("hybridrag stopping: draining in-flight calls (grace %.1f s)", config.grace_s)
         await running.stop(config.grace_s)
+        if running.state.live is not None:
+            running.state.live.close()
         if pipeline is not None:
             pipeline.close()

@@ -377,3 +377,48 @@ def test_writes_over_grpc_are_durable_visible_and_checked(tmp_path, sample_docs,
     finally:
         s.stop()
         p.close()
+
+
+def test_rebuild_call_and_bm25_fallback_after_a_restart_without_hnsw(tmp_path, sample_docs, config, embedder):
+    """Rebuild over gRPC swaps in a new generation; then the HNSW file of the current snapshot is deleted and the
+    index reloaded (a restart): BM25 answers alone, and the response and the status say so."""
+    from index_builder.build import build_snapshot
+    from index_builder.snapshot import current_snapshot_dir
+    from index_builder.token_encoders import EmbedderTokens
+    from retrieval.index import SearchIndex
+    from retrieval.live import LiveIndex
+    from retrieval.pipeline import Pipeline
+    from retrieval.store import DocumentStore
+
+    store = DocumentStore(tmp_path / "store.db")
+    store.upsert(sample_docs)
+    seq, docs = store.snapshot()
+    build_snapshot(docs, tmp_path / "index", config.build_config(), embedder, covered_seq=seq)
+    p = Pipeline(SearchIndex.load(tmp_path / "index", config, embedder), embedder, config)
+    live = LiveIndex(p.index, store, embedder, EmbedderTokens(embedder), config)
+    live.on_publish(lambda view: setattr(p, "index", view))
+    s = ServerThread(p, ServerConfig(port=0))
+    s.running.state.live = live
+    try:
+        with _client(s) as c:
+            c.upsert([pb.Document(id="new-1", tenant="acme", text="Axolotls regrow whole limbs from a blastema.")])
+            r = c.rebuild()
+            assert r.generation == 2 and r.covered_sequence == seq + 1 and r.still_buffered == 0
+            assert c.retrieve("axolotl limbs blastema", 1).passages[0].doc_id == "new-1"
+    finally:
+        s.stop()
+        p.close()
+    (current_snapshot_dir(tmp_path / "index") / "hnsw.faiss").chmod(0o644)
+    (current_snapshot_dir(tmp_path / "index") / "hnsw.faiss").unlink()
+    p = Pipeline(SearchIndex.load(tmp_path / "index", config, embedder), embedder, config)
+    s = ServerThread(p, ServerConfig(port=0))
+    try:
+        with _client(s) as c:
+            r = c.retrieve("axolotl limbs blastema", 3)
+            assert r.degraded and r.passages[0].doc_id == "new-1"
+            assert any(x.stage == "dense" and "unavailable" in x.reason for x in r.skipped)
+            st = c.status()
+            assert not st.dense_available and "hnsw.faiss" in st.dense_error
+    finally:
+        s.stop()
+        p.close()

@@ -194,6 +194,22 @@ class DeleteResponse(_message.Message):
     deleted: int
     def __init__(self, sequence: _Optional[int] = ..., deleted: _Optional[int] = ...) -> None: ...
 
+class RebuildRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RebuildResponse(_message.Message):
+    __slots__ = ("generation", "covered_sequence", "seconds", "still_buffered")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    COVERED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STILL_BUFFERED_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    covered_sequence: int
+    seconds: float
+    still_buffered: int
+    def __init__(self, generation: _Optional[int] = ..., covered_sequence: _Optional[int] = ..., seconds: _Optional[float] = ..., still_buffered: _Optional[int] = ...) -> None: ...
+
 class GetIndexStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -54,6 +54,11 @@ class RetrieverStub:
                 request_serializer=hybridrag_dot_v1_dot_retriever__pb2.DeleteRequest.SerializeToString,
                 response_deserializer=hybridrag_dot_v1_dot_retriever__pb2.DeleteResponse.FromString,
                 _registered_method=True)
+        self.Rebuild = channel.unary_unary(
+                '/hybridrag.v1.Retriever/Rebuild',
+                request_serializer=hybridrag_dot_v1_dot_retriever__pb2.RebuildRequest.SerializeToString,
+                response_deserializer=hybridrag_dot_v1_dot_retriever__pb2.RebuildResponse.FromString,
+                _registered_method=True)
         self.GetIndexStatus = channel.unary_unary(
                 '/hybridrag.v1.Retriever/GetIndexStatus',
                 request_serializer=hybridrag_dot_v1_dot_retriever__pb2.GetIndexStatusRequest.SerializeToString,
@@ -91,6 +96,13 @@ class RetrieverServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rebuild(self, request, context):
+        """Build a new snapshot from the document store now and swap it in (writes go on meanwhile).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetIndexStatus(self, request, context):
         """What is served: snapshot generation, counts, models.
         """
@@ -120,6 +132,11 @@ def add_RetrieverServicer_to_server(servicer, server):
                     servicer.Delete,
                     request_deserializer=hybridrag_dot_v1_dot_retriever__pb2.DeleteRequest.FromString,
                     response_serializer=hybridrag_dot_v1_dot_retriever__pb2.DeleteResponse.SerializeToString,
+            ),
+            'Rebuild': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rebuild,
+                    request_deserializer=hybridrag_dot_v1_dot_retriever__pb2.RebuildRequest.FromString,
+                    response_serializer=hybridrag_dot_v1_dot_retriever__pb2.RebuildResponse.SerializeToString,
             ),
             'GetIndexStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetIndexStatus,
@@ -235,6 +252,33 @@ class Retriever:
             '/hybridrag.v1.Retriever/Delete',
             hybridrag_dot_v1_dot_retriever__pb2.DeleteRequest.SerializeToString,
             hybridrag_dot_v1_dot_retriever__pb2.DeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rebuild(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hybridrag.v1.Retriever/Rebuild',
+            hybridrag_dot_v1_dot_retriever__pb2.RebuildRequest.SerializeToString,
+            hybridrag_dot_v1_dot_retriever__pb2.RebuildResponse.FromString,
             options,
             channel_credentials,
             insecure,
