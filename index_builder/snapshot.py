@@ -122,6 +122,24 @@ def read_documents(path: Path) -> list[Document]:
                 for o in map(json.loads, f)]
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_tmp(root: Path) -> None:
+    """Remove half-written generations left by a builder that died (kill -9 mid-build): never pointed at."""
+    for tmp in (root / SNAPSHOTS).glob(".tmp-gen-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def write_snapshot(root: Path, parts: SnapshotParts, *, keep_last: int = 0) -> Path:
     """Write a new generation under ``root`` and point ``CURRENT`` at it. Returns the snapshot folder.
 
@@ -129,6 +147,7 @@ def write_snapshot(root: Path, parts: SnapshotParts, *, keep_last: int = 0) -> P
     """
     root = Path(root)
     (root / SNAPSHOTS).mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(root)
     generation = (max(list_generations(root), default=0)) + 1
     final = generation_dir(root, generation)
     tmp = root / SNAPSHOTS / f".tmp-gen-{generation:06d}-{os.getpid()}"
