@@ -138,10 +138,15 @@ class LiveConfig:
     rebuild_after_writes: int = 1000
     rebuild_after_s: float = 600.0
     check_interval_s: float = 1.0
+    # ONNX threads of the rebuild's own encoder: fewer than the cores leaves the rest to the queries being served
+    # while a rebuild runs (0 = the serving encoder's setting). bench/live.py measures the effect.
+    rebuild_threads: int = 1
 
     def __post_init__(self) -> None:
-        if self.rebuild_after_writes < 0 or self.rebuild_after_s < 0 or self.check_interval_s <= 0:
-            raise ValueError("live needs rebuild_after_writes >= 0, rebuild_after_s >= 0, check_interval_s > 0")
+        if self.rebuild_after_writes < 0 or self.rebuild_after_s < 0 or self.check_interval_s <= 0 \
+                or self.rebuild_threads < 0:
+            raise ValueError("live needs rebuild_after_writes >= 0, rebuild_after_s >= 0, check_interval_s > 0, "
+                             "rebuild_threads >= 0")
 
 
 @dataclass(frozen=True)

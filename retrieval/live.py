@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -290,6 +290,7 @@ class LiveIndex:
         self._rebuild_lock = threading.Lock()  # one rebuild at a time
         self._listeners: list[Callable[[LiveView], None]] = []
         self._first_buffered: float | None = None
+        self._rebuild_embedder: Embedder | None = None
         self._stop = threading.Event()
         self._auto: threading.Thread | None = None
         self.rebuilds: list[dict[str, float]] = []  # seconds and covered sequence number of each rebuild
@@ -373,8 +374,9 @@ class LiveIndex:
             if not docs:
                 return None
             root = self.base.snapshot.path.parent.parent
-            summary = build_snapshot(docs, root, self.config.build_config(), self.embedder, covered_seq=seq,
-                                     token_encoder=self.token_encoder)
+            embedder, token_encoder = self._rebuild_models()
+            summary = build_snapshot(docs, root, self.config.build_config(), embedder, covered_seq=seq,
+                                     token_encoder=token_encoder)
             new_base = SearchIndex.load(root, self.config, self.embedder)
             with self._lock:
                 self.base = new_base
@@ -384,6 +386,20 @@ class LiveIndex:
             log.info("rebuilt generation %d from the store (sequence %d, %d documents) in %.1f s; %d writes stay "
                      "buffered", new_base.generation, seq, len(docs), seconds, len(self.view.state.docs))
             return summary
+
+    def _rebuild_models(self) -> tuple[Embedder, TokenEncoder]:
+        """The rebuild's encoder: the same model with ``live.rebuild_threads`` ONNX threads (its own session, so
+        a rebuild cannot take every core from the queries being served)."""
+        threads = self.config.live.rebuild_threads
+        if not threads:
+            return self.embedder, self.token_encoder
+        if self._rebuild_embedder is None:
+            cfg = self.config.embedder
+            self._rebuild_embedder = Embedder(replace(cfg, runtime=replace(cfg.runtime, intra_op_threads=threads)),
+                                              files=self.embedder.files)
+        tokens = EmbedderTokens(self._rebuild_embedder) if isinstance(self.token_encoder, EmbedderTokens) \
+            else self.token_encoder
+        return self._rebuild_embedder, tokens
 
     def rebuild_due(self) -> bool:
         lc = self.config.live

@@ -49,3 +49,14 @@ def test_ce_latency_bench_smoke(tmp_path, sample_index_dir):
     (entry,) = json.loads(out.read_text())["ce_latency"].values()
     base = next(v for k, v in entry["variants"].items() if k.startswith("baseline"))
     assert base["same_top_k_as_baseline"] == 1.0 and entry["variants"]["max_length 128"]["p50_ms"] > 0
+
+
+def test_live_bench_smoke(tmp_path):
+    from bench.live import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--corpus", str(REPO / "data" / "sample"), "--docs", "40", "--concurrency", "2", "--duration", "0.5",
+                 "--batch", "2", "--json", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["live"].values()
+    assert entry["idle"]["n"] > 0 and entry["during_rebuild"]["n"] > 0 and "p99_ratio" in entry
+    assert entry["writes"]["batch_1"]["docs_per_s"] > 0 and entry["writes"]["batch_2"]["ack_visible"]["n"] > 0
