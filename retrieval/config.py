@@ -141,12 +141,15 @@ class LiveConfig:
     # ONNX threads of the rebuild's own encoder: fewer than the cores leaves the rest to the queries being served
     # while a rebuild runs (0 = the serving encoder's setting). bench/live.py measures the effect.
     rebuild_threads: int = 1
+    # Nice value of the rebuild thread (Linux: per thread): the scheduler gives the rebuild the CPU the queries
+    # leave over, so serving latency stays steady (bench/live.py measures it). 0 = normal priority.
+    rebuild_nice: int = 19
 
     def __post_init__(self) -> None:
         if self.rebuild_after_writes < 0 or self.rebuild_after_s < 0 or self.check_interval_s <= 0 \
-                or self.rebuild_threads < 0:
+                or self.rebuild_threads < 0 or not 0 <= self.rebuild_nice <= 19:
             raise ValueError("live needs rebuild_after_writes >= 0, rebuild_after_s >= 0, check_interval_s > 0, "
-                             "rebuild_threads >= 0")
+                             "rebuild_threads >= 0, 0 <= rebuild_nice <= 19")
 
 
 @dataclass(frozen=True)

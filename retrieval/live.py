@@ -26,6 +26,7 @@ applied to a new buffer state, which is then published: acknowledged means durab
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -367,7 +368,33 @@ class LiveIndex:
 
     def rebuild(self) -> BuildSummary | None:
         """Build a new snapshot from the store (no lock held: writes and queries go on), then swap it in: the
-        buffer keeps only the writes the new snapshot does not cover. Returns None when the store is empty."""
+        buffer keeps only the writes the new snapshot does not cover. Returns None when the store is empty.
+
+        The work runs on a fresh thread at ``live.rebuild_nice`` (Linux schedules threads by their own nice
+        value), so the queries being served keep their CPU; the caller waits for it."""
+        out: list[BuildSummary | None] = []
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            nice = self.config.live.rebuild_nice
+            if nice and hasattr(os, "setpriority"):
+                try:
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+                except OSError as e:  # not permitted here: rebuild at normal priority
+                    log.warning("cannot lower the rebuild thread's priority: %s", e)
+            try:
+                out.append(self._rebuild_now())
+            except BaseException as e:  # noqa: BLE001  (re-raised in the caller)
+                errors.append(e)
+
+        t = threading.Thread(target=work, name="hybridrag-rebuild-work")
+        t.start()
+        t.join()
+        if errors:
+            raise errors[0]
+        return out[0]
+
+    def _rebuild_now(self) -> BuildSummary | None:
         with self._rebuild_lock:
             t0 = time.perf_counter()
             seq, docs = self.store.snapshot()
