@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_result(args.json, "live", {"corpus": Path(args.corpus).name, "docs": args.docs,
                                          "concurrency": args.concurrency, "duration": args.duration,
-                                         "batch": args.batch, "rebuild_threads": config.live.rebuild_threads}, result)
+                                         "batch": args.batch, "rebuild_threads": config.live.rebuild_threads,
+                                         "rebuild_nice": config.live.rebuild_nice}, result)
     return 0
 
 
