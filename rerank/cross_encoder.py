@@ -11,7 +11,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from rerank.late_interaction import Reordering, rerank_head
-from rerank.protocols import PairScorer
 
 
 def pairs_for(query: str, passages: Sequence[str]) -> list[tuple[str, str]]:
@@ -21,8 +20,3 @@ def pairs_for(query: str, passages: Sequence[str]) -> list[tuple[str, str]]:
 def rerank_by_scores(scores: np.ndarray, n: int) -> Reordering:
     """``scores``: one per head passage (K = len(scores)); ``n``: the whole list's length."""
     return rerank_head(np.asarray(scores, dtype=np.float32), n)
-
-
-def rerank(scorer: PairScorer, query: str, passages: Sequence[str], n: int) -> Reordering:
-    """Blocking form: score the head's pairs with ``scorer`` and reorder."""
-    return rerank_by_scores(scorer.score(pairs_for(query, passages)), n)

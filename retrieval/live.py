@@ -168,11 +168,6 @@ class LiveView:
         self.dense = _LiveDense(self) if base.dense is not None else None
         self.late = _LiveLate(self) if base.late is not None else None
         self.token_encoder = base.token_encoder
-        self.doc_index = {**base.doc_index, **{d.id: self.n_base_docs + i for i, d in enumerate(state.docs)}}
-
-    @property
-    def chunks(self) -> np.ndarray:
-        return np.concatenate([self.base.chunks, self.state.chunks])
 
     @property
     def generation(self) -> int:

@@ -338,7 +338,8 @@ def test_api_keys_from_file_and_environment(tmp_path):
         load_api_keys(str(tmp_path / "missing.json"))
 
 
-def test_writes_over_grpc_are_durable_visible_and_checked(tmp_path, sample_docs, config, embedder):
+def _writable(tmp_path, sample_docs, config, embedder):
+    """A document store seeded with the sample corpus, a snapshot built from it, and a live index over it."""
     from index_builder.build import build_snapshot
     from index_builder.token_encoders import EmbedderTokens
     from retrieval.index import SearchIndex
@@ -353,6 +354,12 @@ def test_writes_over_grpc_are_durable_visible_and_checked(tmp_path, sample_docs,
     p = Pipeline(SearchIndex.load(tmp_path / "index", config, embedder), embedder, config)
     live = LiveIndex(p.index, store, embedder, EmbedderTokens(embedder), config)
     live.on_publish(lambda view: setattr(p, "index", view))
+    return store, seq, p, live
+
+
+def test_writes_over_grpc_are_durable_visible_and_checked(tmp_path, sample_docs, config, embedder):
+
+    store, seq, p, live = _writable(tmp_path, sample_docs, config, embedder)
     keys = {"key-acme": frozenset({"acme"}), "key-admin": frozenset({"*"})}
     s = ServerThread(p, ServerConfig(port=0), api_keys=keys)
     s.running.state.live = live
@@ -382,21 +389,11 @@ def test_writes_over_grpc_are_durable_visible_and_checked(tmp_path, sample_docs,
 def test_rebuild_call_and_bm25_fallback_after_a_restart_without_hnsw(tmp_path, sample_docs, config, embedder):
     """Rebuild over gRPC swaps in a new generation; then the HNSW file of the current snapshot is deleted and the
     index reloaded (a restart): BM25 answers alone, and the response and the status say so."""
-    from index_builder.build import build_snapshot
     from index_builder.snapshot import current_snapshot_dir
-    from index_builder.token_encoders import EmbedderTokens
     from retrieval.index import SearchIndex
-    from retrieval.live import LiveIndex
     from retrieval.pipeline import Pipeline
-    from retrieval.store import DocumentStore
 
-    store = DocumentStore(tmp_path / "store.db")
-    store.upsert(sample_docs)
-    seq, docs = store.snapshot()
-    build_snapshot(docs, tmp_path / "index", config.build_config(), embedder, covered_seq=seq)
-    p = Pipeline(SearchIndex.load(tmp_path / "index", config, embedder), embedder, config)
-    live = LiveIndex(p.index, store, embedder, EmbedderTokens(embedder), config)
-    live.on_publish(lambda view: setattr(p, "index", view))
+    store, seq, p, live = _writable(tmp_path, sample_docs, config, embedder)
     s = ServerThread(p, ServerConfig(port=0))
     s.running.state.live = live
     try:
