@@ -53,3 +53,11 @@ class DeadlineExceeded(HybridRagError):
 
 class BackendError(HybridRagError):
     """A downstream backend (generation server, model runtime) failed."""
+
+
+class BackendUnavailable(BackendError):
+    """A backend cannot be reached, refused the connection, or answered 5xx/429 (UNAVAILABLE)."""
+
+
+class BackendTimeout(BackendError):
+    """A backend accepted the request but sent nothing within the read timeout (DEADLINE_EXCEEDED)."""

@@ -254,18 +254,90 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ask(args: argparse.Namespace) -> int:
+    """Generate: print the sources at once, then the answer as it streams, then the stats."""
+    import grpc
+
+    from retrieval.client import ClientOptions, RetrieverClient
+
+    opts = ClientOptions(api_key=os.environ.get("HYBRIDRAG_API_KEY", ""), tls_ca=args.tls_ca or "", timeout=args.timeout)
+    meta = dict(kv.split("=", 1) for kv in args.filter)
+    with RetrieverClient(args.target, opts) as client:
+        try:
+            for msg in client.generate(args.question, args.top_k, max_tokens=args.max_tokens, tenant=args.tenant,
+                                       filters=meta, bypass_cache=args.no_cache, timeout=args.timeout):
+                kind = msg.WhichOneof("event")
+                if kind == "passages":
+                    hit = " (semantic cache)" if msg.passages.cache_hit else ""
+                    print(f"sources{hit}:")
+                    for rank, p in enumerate(msg.passages.passages, 1):
+                        print(f"  [{rank}] {p.doc_id}  {p.title[:70]}")
+                    print()
+                elif kind == "token":
+                    print(msg.token, end="", flush=True)
+                else:
+                    s = msg.stats
+                    print(f"\n\n({s.model}{', cached answer' if s.cache_hit else ''}: retrieval {s.retrieval_ms:.0f} ms, "
+                          f"first token {s.time_to_first_token_ms:.0f} ms, generation {s.generation_ms:.0f} ms, "
+                          f"{s.tokens_in} tokens in, {s.tokens_out} out, finish {s.finish_reason or '-'})")
+        except grpc.RpcError as e:
+            print(f"\nhybridrag ask: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    """Build the bundled sample corpus's index and answer a few of its queries."""
+    """Build the bundled sample corpus's index, answer a few of its queries, then generate one answer with the
+    embedded llama.cpp server (when it is installed)."""
     out = Path(args.out)
     build = argparse.Namespace(config=args.config, threads=args.threads, corpus=str(SAMPLE_DIR / "corpus.jsonl"),
-                               out=str(out), skip_bad=False, quiet=True, verbose=args.verbose)
+                               out=str(out), skip_bad=False, quiet=True, verbose=args.verbose, store=None)
     cmd_build(build)
     from retrieval.evaluate import load_queries
 
     queries = list(load_queries(SAMPLE_DIR).values())[:3]
     search = argparse.Namespace(config=args.config, threads=args.threads, index=str(out), query=queries, k=3,
                                 tenant="", filter=[], stages="", json=False, verbose=args.verbose)
-    return cmd_search(search)
+    status = cmd_search(search)
+    if status == 0 and not args.no_generate:
+        status = _quickstart_answer(out, _config(args), queries[0])
+    return status
+
+
+def _quickstart_answer(index_dir: Path, config, question: str) -> int:
+    import asyncio
+
+    from index_builder.errors import HybridRagError
+    from retrieval.generate import Passages, Stats, Token, open_generator
+
+    pipeline = _open_pipeline(index_dir, config)
+    try:
+        setup = open_generator(pipeline, config.generation, pipeline.cache)
+    except HybridRagError as e:
+        print(f"\n(no answer generated: {e})")
+        pipeline.close()
+        return 0
+
+    async def main() -> None:
+        try:
+            print(f"\nGenerate: {question}  [{setup.describe()}]")
+            async for event in setup.generator.generate(question, max_tokens=80):
+                if isinstance(event, Passages):
+                    print("  sources: " + ", ".join(event.result.doc_ids()))
+                    print("  ", end="")
+                elif isinstance(event, Token):
+                    print(event.text, end="", flush=True)
+                elif isinstance(event, Stats):
+                    print(f"\n  ({event.model}: first token {event.time_to_first_token_ms:.0f} ms, "
+                          f"{event.tokens_out} tokens in {event.generation_ms:.0f} ms)")
+        finally:
+            await setup.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        pipeline.close()
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -333,6 +405,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_query)
 
+    p = sub.add_parser("ask", help="ask a running server for an answer (Generate: sources, streamed answer, stats)")
+    p.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT")
+    p.add_argument("question")
+    p.add_argument("--top-k", type=int, default=0, help="context passages (0 = the server's default)")
+    p.add_argument("--max-tokens", type=int, default=0, help="answer length (0 = the server's default)")
+    p.add_argument("--tenant", default="")
+    p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--no-cache", action="store_true", help="bypass the semantic cache")
+    p.add_argument("--tls-ca", help="PEM file to trust (TLS); default plaintext")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_ask)
+
     p = sub.add_parser("index", help="maintain an index")
     isub = p.add_subparsers(dest="index_command", required=True)
     q = isub.add_parser("tokens", help="recompute the late-interaction token vectors of the current snapshot with the "
@@ -352,8 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(r)
     r.set_defaults(func=cmd_index_rebuild)
 
-    p = sub.add_parser("quickstart", help="build the sample corpus index and answer sample queries")
+    p = sub.add_parser("quickstart", help="build the sample corpus index, answer sample queries, generate an answer")
     p.add_argument("--out", default="indexes/sample")
+    p.add_argument("--no-generate", action="store_true", help="skip the generated answer (embedded llama.cpp)")
     _add_common(p)
     p.set_defaults(func=cmd_quickstart)
     return parser

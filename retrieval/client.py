@@ -40,10 +40,10 @@ class ClientOptions:
 
 
 def _request(query: str, top_k: int, tenant: str, filters: Mapping[str, str] | None, stages: Sequence[str] | None,
-             candidates: int, li_top_k: int, ce_top_k: int) -> pb.RetrieveRequest:
+             candidates: int, li_top_k: int, ce_top_k: int, bypass_cache: bool = False) -> pb.RetrieveRequest:
     return pb.RetrieveRequest(query=query, top_k=top_k, tenant=tenant, filters=dict(filters or {}),
                               options=pb.StageOptions(stages=list(stages or ()), candidates=candidates,
-                                                      li_top_k=li_top_k, ce_top_k=ce_top_k))
+                                                      li_top_k=li_top_k, ce_top_k=ce_top_k), bypass_cache=bypass_cache)
 
 
 def _channel_args(opts: ClientOptions) -> list[tuple[str, Any]]:
@@ -78,9 +78,18 @@ class RetrieverClient:
 
     def retrieve(self, query: str, top_k: int = 10, *, tenant: str = "", filters: Mapping[str, str] | None = None,
                  stages: Sequence[str] | None = None, candidates: int = 0, li_top_k: int = 0, ce_top_k: int = 0,
-                 timeout: float | None = None) -> pb.RetrieveResponse:
-        return self._call(self.stub.Retrieve,
-                          _request(query, top_k, tenant, filters, stages, candidates, li_top_k, ce_top_k), timeout)
+                 bypass_cache: bool = False, timeout: float | None = None) -> pb.RetrieveResponse:
+        return self._call(self.stub.Retrieve, _request(query, top_k, tenant, filters, stages, candidates, li_top_k,
+                                                       ce_top_k, bypass_cache), timeout)
+
+    def generate(self, query: str, top_k: int = 0, *, max_tokens: int = 0, tenant: str = "",
+                 filters: Mapping[str, str] | None = None, stages: Sequence[str] | None = None,
+                 bypass_cache: bool = False, timeout: float | None = 120.0):
+        """The response stream (iterate it: passages, tokens, stats; ``.cancel()`` stops it). Not retried: a
+        stream may already have delivered part of its answer."""
+        request = pb.GenerateRequest(retrieve=_request(query, top_k, tenant, filters, stages, 0, 0, 0, bypass_cache),
+                                     max_tokens=max_tokens)
+        return self.stub.Generate(request, timeout=timeout, metadata=_metadata(self.options))
 
     def status(self, timeout: float | None = None) -> pb.IndexStatus:
         return self._call(self.stub.GetIndexStatus, pb.GetIndexStatusRequest(), timeout)
@@ -128,9 +137,17 @@ class AsyncRetrieverClient:
 
     async def retrieve(self, query: str, top_k: int = 10, *, tenant: str = "", filters: Mapping[str, str] | None = None,
                        stages: Sequence[str] | None = None, candidates: int = 0, li_top_k: int = 0, ce_top_k: int = 0,
-                       timeout: float | None = None) -> pb.RetrieveResponse:
-        return await self._call(self.stub.Retrieve,
-                                _request(query, top_k, tenant, filters, stages, candidates, li_top_k, ce_top_k), timeout)
+                       bypass_cache: bool = False, timeout: float | None = None) -> pb.RetrieveResponse:
+        return await self._call(self.stub.Retrieve, _request(query, top_k, tenant, filters, stages, candidates,
+                                                             li_top_k, ce_top_k, bypass_cache), timeout)
+
+    def generate(self, query: str, top_k: int = 0, *, max_tokens: int = 0, tenant: str = "",
+                 filters: Mapping[str, str] | None = None, stages: Sequence[str] | None = None,
+                 bypass_cache: bool = False, timeout: float | None = 120.0):
+        """The response stream (``async for`` it; ``.cancel()`` stops it). Not retried."""
+        request = pb.GenerateRequest(retrieve=_request(query, top_k, tenant, filters, stages, 0, 0, 0, bypass_cache),
+                                     max_tokens=max_tokens)
+        return self.stub.Generate(request, timeout=timeout, metadata=_metadata(self.options))
 
     async def status(self, timeout: float | None = None) -> pb.IndexStatus:
         return await self._call(self.stub.GetIndexStatus, pb.GetIndexStatusRequest(), timeout)

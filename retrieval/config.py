@@ -26,6 +26,8 @@ from index_builder.models import CrossEncoderConfig, EmbedderConfig
 from index_builder.token_encoders import TokenEncoderConfig
 from retrieval.batching import BatcherConfig
 from retrieval.dense import DenseConfig
+from retrieval.llm_backend import GenerationConfig
+from retrieval.semantic_cache import SemanticCacheConfig
 
 ENV_PREFIX = "HYBRIDRAG_"
 
@@ -181,6 +183,8 @@ class AppConfig:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     live: LiveConfig = field(default_factory=LiveConfig)
+    cache: SemanticCacheConfig = field(default_factory=SemanticCacheConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
 
     def build_config(self) -> BuildConfig:
         return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,

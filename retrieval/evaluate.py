@@ -130,7 +130,7 @@ def run_stages(pipeline: Pipeline, queries: Mapping[str, str], *, depth: int = 1
             t = time.perf_counter()
             record("dense_exact", qid, index.dense.search(vec, depth, exact=True), embed_s + time.perf_counter() - t)
         t = time.perf_counter()
-        res = pipeline.search(text, depth, filter=Filter(), candidates=depth, stages=("bm25", "dense"))
+        res = pipeline.search(text, depth, filter=Filter(), candidates=depth, stages=("bm25", "dense"), use_cache=False)
         record("fused", qid, res.hits, time.perf_counter() - t)
         # Each reranking variant is a full pipeline call (so it pays exactly what serving pays, e.g. late
         # interaction shares the dense stage's encoder pass); all start from the same (deterministic) fused list.
@@ -138,7 +138,8 @@ def run_stages(pipeline: Pipeline, queries: Mapping[str, str], *, depth: int = 1
                             ("cascade", ("late_interaction", "cross_encoder"))):
             if name in stages:
                 t = time.perf_counter()
-                res = pipeline.search(text, depth, filter=Filter(), candidates=depth, stages=("bm25", "dense", *extra))
+                res = pipeline.search(text, depth, filter=Filter(), candidates=depth, stages=("bm25", "dense", *extra),
+                                      use_cache=False)
                 record(name, qid, res.hits, time.perf_counter() - t)
         if progress:
             progress(i + 1)

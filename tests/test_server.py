@@ -6,9 +6,7 @@ import asyncio
 import datetime as dt
 import json
 import random
-import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -19,34 +17,14 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from retrieval.api import retriever_pb2 as pb
 from retrieval.client import AsyncRetrieverClient, ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.config import ServerConfig
-from retrieval.server import SERVICE, RunningServer, create_server
+from retrieval.server import SERVICE, BackgroundServer
 
 NO_RETRY = RetryPolicy(attempts=1)
 
 
-class ServerThread:
-    """A server on its own event loop thread, so blocking test code can call it."""
-
-    def __init__(self, pipeline, config: ServerConfig, api_keys: Mapping[str, frozenset[str]] | None = None) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.running: RunningServer = self.run(create_server(config, pipeline, api_keys))
-        self.run(self.running.set_serving(True))
-        self.target = f"127.0.0.1:{self.running.port}"
-
-    def run(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
-
-    def stop(self, grace: float = 5.0) -> None:
-        self.run(self.running.stop(grace))
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-
-
 @pytest.fixture(scope="module")
 def server(pipeline):
-    s = ServerThread(pipeline, ServerConfig(port=0))
+    s = BackgroundServer(pipeline, ServerConfig(port=0))
     yield s
     s.stop()
 
@@ -127,7 +105,7 @@ def test_64_concurrent_clients_all_get_correct_answers(server, pipeline, sample_
 
 
 def test_overload_fails_fast_with_resource_exhausted(pipeline, sample_queries):
-    s = ServerThread(pipeline, ServerConfig(port=0, max_in_flight=2))
+    s = BackgroundServer(pipeline, ServerConfig(port=0, max_in_flight=2))
     queries = list(sample_queries.values())
 
     async def main():
@@ -146,7 +124,7 @@ def test_overload_fails_fast_with_resource_exhausted(pipeline, sample_queries):
 
 
 def test_graceful_shutdown_completes_in_flight_calls(pipeline, sample_queries):
-    s = ServerThread(pipeline, ServerConfig(port=0))
+    s = BackgroundServer(pipeline, ServerConfig(port=0))
     queries = list(sample_queries.values())[:8]
 
     async def main():
@@ -189,7 +167,7 @@ def _self_signed(tmp_path):
 
 def test_tls(pipeline, tmp_path):
     cert, key = _self_signed(tmp_path)
-    s = ServerThread(pipeline, ServerConfig(port=0, tls_cert=str(cert), tls_key=str(key)))
+    s = BackgroundServer(pipeline, ServerConfig(port=0, tls_cert=str(cert), tls_key=str(key)))
     try:
         target = f"localhost:{s.running.port}"
         with RetrieverClient(target, ClientOptions(tls_ca=str(cert), retry=NO_RETRY)) as c:
@@ -204,7 +182,7 @@ def test_tls(pipeline, tmp_path):
 def test_api_keys_bind_callers_to_their_tenants(pipeline, sample_queries, tmp_path):
     keys_file = tmp_path / "keys.json"
     keys_file.write_text(json.dumps({"key-acme": ["acme"], "key-two": ["globex", "initech"], "key-admin": ["*"]}))
-    s = ServerThread(pipeline, ServerConfig(port=0, api_keys_file=str(keys_file)))
+    s = BackgroundServer(pipeline, ServerConfig(port=0, api_keys_file=str(keys_file)))
     try:
         def call(key: str, tenant: str, query: str = "energy", k: int = 10):
             with _client(s, api_key=key) as c:
@@ -239,7 +217,7 @@ def test_api_keys_bind_callers_to_their_tenants(pipeline, sample_queries, tmp_pa
 
 
 def test_unavailable_until_the_index_is_loaded():
-    s = ServerThread(None, ServerConfig(port=0))
+    s = BackgroundServer(None, ServerConfig(port=0))
     try:
         s.run(s.running.set_serving(False))
         with grpc.insecure_channel(s.target) as ch:
@@ -267,7 +245,7 @@ def test_a_cancelled_call_stops_its_work(sample_index, embedder, config):
     small = BatcherConfig(max_batch_size=4, max_wait_ms=0, max_concurrent_batches=1)
     cfg = dataclasses.replace(config, batching=dataclasses.replace(config.batching, cross_encoder=small))
     p = Pipeline(sample_index, embedder, cfg, cross_encoder=CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL))))
-    s = ServerThread(p, ServerConfig(port=0))
+    s = BackgroundServer(p, ServerConfig(port=0))
     stages = ["bm25", "dense", "cross_encoder"]
     try:
         async def main():
@@ -361,7 +339,7 @@ def test_writes_over_grpc_are_durable_visible_and_checked(tmp_path, sample_docs,
 
     store, seq, p, live = _writable(tmp_path, sample_docs, config, embedder)
     keys = {"key-acme": frozenset({"acme"}), "key-admin": frozenset({"*"})}
-    s = ServerThread(p, ServerConfig(port=0), api_keys=keys)
+    s = BackgroundServer(p, ServerConfig(port=0), api_keys=keys)
     s.running.state.live = live
     new = pb.Document(id="new-1", tenant="acme", title="Axolotl regeneration",
                       text="Axolotls regrow whole limbs from a blastema of dedifferentiated cells.")
@@ -394,7 +372,7 @@ def test_rebuild_call_and_bm25_fallback_after_a_restart_without_hnsw(tmp_path, s
     from retrieval.pipeline import Pipeline
 
     store, seq, p, live = _writable(tmp_path, sample_docs, config, embedder)
-    s = ServerThread(p, ServerConfig(port=0))
+    s = BackgroundServer(p, ServerConfig(port=0))
     s.running.state.live = live
     try:
         with _client(s) as c:
@@ -408,7 +386,7 @@ def test_rebuild_call_and_bm25_fallback_after_a_restart_without_hnsw(tmp_path, s
     (current_snapshot_dir(tmp_path / "index") / "hnsw.faiss").chmod(0o644)
     (current_snapshot_dir(tmp_path / "index") / "hnsw.faiss").unlink()
     p = Pipeline(SearchIndex.load(tmp_path / "index", config, embedder), embedder, config)
-    s = ServerThread(p, ServerConfig(port=0))
+    s = BackgroundServer(p, ServerConfig(port=0))
     try:
         with _client(s) as c:
             r = c.retrieve("axolotl limbs blastema", 3)

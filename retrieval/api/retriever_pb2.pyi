@@ -19,7 +19,7 @@ class StageOptions(_message.Message):
     def __init__(self, stages: _Optional[_Iterable[str]] = ..., candidates: _Optional[int] = ..., li_top_k: _Optional[int] = ..., ce_top_k: _Optional[int] = ...) -> None: ...
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("query", "top_k", "tenant", "filters", "options")
+    __slots__ = ("query", "top_k", "tenant", "filters", "options", "bypass_cache")
     class FiltersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -32,12 +32,14 @@ class RetrieveRequest(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     FILTERS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    BYPASS_CACHE_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     tenant: str
     filters: _containers.ScalarMap[str, str]
     options: StageOptions
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., tenant: _Optional[str] = ..., filters: _Optional[_Mapping[str, str]] = ..., options: _Optional[_Union[StageOptions, _Mapping]] = ...) -> None: ...
+    bypass_cache: bool
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., tenant: _Optional[str] = ..., filters: _Optional[_Mapping[str, str]] = ..., options: _Optional[_Union[StageOptions, _Mapping]] = ..., bypass_cache: _Optional[bool] = ...) -> None: ...
 
 class StageScore(_message.Message):
     __slots__ = ("stage", "rank", "score")
@@ -85,7 +87,7 @@ class SkippedStage(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RetrieveResponse(_message.Message):
-    __slots__ = ("passages", "timings_ms", "stages_run", "skipped", "degraded", "index_generation", "request_id")
+    __slots__ = ("passages", "timings_ms", "stages_run", "skipped", "degraded", "index_generation", "request_id", "cache_hit", "cache_similarity")
     class TimingsMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +102,8 @@ class RetrieveResponse(_message.Message):
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     INDEX_GENERATION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     passages: _containers.RepeatedCompositeFieldContainer[Passage]
     timings_ms: _containers.ScalarMap[str, float]
     stages_run: _containers.RepeatedScalarFieldContainer[str]
@@ -107,7 +111,9 @@ class RetrieveResponse(_message.Message):
     degraded: bool
     index_generation: int
     request_id: str
-    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., stages_run: _Optional[_Iterable[str]] = ..., skipped: _Optional[_Iterable[_Union[SkippedStage, _Mapping]]] = ..., degraded: _Optional[bool] = ..., index_generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    cache_hit: bool
+    cache_similarity: float
+    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., stages_run: _Optional[_Iterable[str]] = ..., skipped: _Optional[_Iterable[_Union[SkippedStage, _Mapping]]] = ..., degraded: _Optional[bool] = ..., index_generation: _Optional[int] = ..., request_id: _Optional[str] = ..., cache_hit: _Optional[bool] = ..., cache_similarity: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("retrieve", "max_tokens")
@@ -128,20 +134,30 @@ class GenerateResponse(_message.Message):
     def __init__(self, passages: _Optional[_Union[RetrieveResponse, _Mapping]] = ..., token: _Optional[str] = ..., stats: _Optional[_Union[GenerateStats, _Mapping]] = ...) -> None: ...
 
 class GenerateStats(_message.Message):
-    __slots__ = ("retrieval_ms", "time_to_first_token_ms", "generation_ms", "tokens_in", "tokens_out", "model")
+    __slots__ = ("retrieval_ms", "time_to_first_token_ms", "generation_ms", "tokens_in", "tokens_out", "model", "cache_hit", "route", "passages_in_prompt", "context_truncated", "finish_reason")
     RETRIEVAL_MS_FIELD_NUMBER: _ClassVar[int]
     TIME_TO_FIRST_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_MS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_IN_FIELD_NUMBER: _ClassVar[int]
     TOKENS_OUT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    PASSAGES_IN_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     retrieval_ms: float
     time_to_first_token_ms: float
     generation_ms: float
     tokens_in: int
     tokens_out: int
     model: str
-    def __init__(self, retrieval_ms: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., tokens_in: _Optional[int] = ..., tokens_out: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+    cache_hit: bool
+    route: str
+    passages_in_prompt: int
+    context_truncated: bool
+    finish_reason: str
+    def __init__(self, retrieval_ms: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., tokens_in: _Optional[int] = ..., tokens_out: _Optional[int] = ..., model: _Optional[str] = ..., cache_hit: _Optional[bool] = ..., route: _Optional[str] = ..., passages_in_prompt: _Optional[int] = ..., context_truncated: _Optional[bool] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class Document(_message.Message):
     __slots__ = ("id", "title", "text", "tenant", "metadata")
@@ -215,7 +231,7 @@ class GetIndexStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class IndexStatus(_message.Message):
-    __slots__ = ("generation", "documents", "chunks", "buffered_writes", "last_rebuild", "models", "dense_available", "dense_error", "late_interaction_available", "snapshot_path")
+    __slots__ = ("generation", "documents", "chunks", "buffered_writes", "last_rebuild", "models", "dense_available", "dense_error", "late_interaction_available", "snapshot_path", "cache", "generation_backend")
     class ModelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -223,6 +239,13 @@ class IndexStatus(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class CacheEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +256,8 @@ class IndexStatus(_message.Message):
     DENSE_ERROR_FIELD_NUMBER: _ClassVar[int]
     LATE_INTERACTION_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_PATH_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_BACKEND_FIELD_NUMBER: _ClassVar[int]
     generation: int
     documents: int
     chunks: int
@@ -243,4 +268,6 @@ class IndexStatus(_message.Message):
     dense_error: str
     late_interaction_available: bool
     snapshot_path: str
-    def __init__(self, generation: _Optional[int] = ..., documents: _Optional[int] = ..., chunks: _Optional[int] = ..., buffered_writes: _Optional[int] = ..., last_rebuild: _Optional[str] = ..., models: _Optional[_Mapping[str, str]] = ..., dense_available: _Optional[bool] = ..., dense_error: _Optional[str] = ..., late_interaction_available: _Optional[bool] = ..., snapshot_path: _Optional[str] = ...) -> None: ...
+    cache: _containers.ScalarMap[str, float]
+    generation_backend: str
+    def __init__(self, generation: _Optional[int] = ..., documents: _Optional[int] = ..., chunks: _Optional[int] = ..., buffered_writes: _Optional[int] = ..., last_rebuild: _Optional[str] = ..., models: _Optional[_Mapping[str, str]] = ..., dense_available: _Optional[bool] = ..., dense_error: _Optional[str] = ..., late_interaction_available: _Optional[bool] = ..., snapshot_path: _Optional[str] = ..., cache: _Optional[_Mapping[str, float]] = ..., generation_backend: _Optional[str] = ...) -> None: ...

@@ -77,14 +77,15 @@ class RetrieverServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Generate(self, request, context):
-        """Retrieve, then stream an answer generated from the passages (the generation issue; UNIMPLEMENTED until then).
+        """Retrieve, then stream an answer generated from the passages: first the passages, then answer tokens as the
+        backend produces them, last the stats. Backend unreachable: UNAVAILABLE (the passages already sent stay valid).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Upsert(self, request, context):
-        """Durable writes (the live-index issue; UNIMPLEMENTED until then).
+        """Durable writes (UNIMPLEMENTED on a server started without a document store).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

