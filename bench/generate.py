@@ -128,6 +128,54 @@ def _with_generate_load(target: str, questions: list[str], streams: int, top_k: 
             t.join()
 
 
+def _generate_part(c, questions: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    runs = [_generate_once(c, q, args.top_k, args.max_tokens, True) for q in questions]
+    st = [r["stats"] for r in runs]
+    return {
+        "queries": len(runs),
+        "client_passages": _pct([r["passages_ms"] for r in runs]),
+        "client_first_token": _pct([r["first_token_ms"] for r in runs if "first_token_ms" in r]),
+        "client_total": _pct([r["total_ms"] for r in runs]),
+        "server_retrieval": _pct([s.retrieval_ms for s in st]),
+        "server_first_token": _pct([s.time_to_first_token_ms for s in st]),
+        "server_generation": _pct([s.generation_ms for s in st]),
+        "tokens_in_mean": round(float(np.mean([s.tokens_in for s in st])), 1),
+        "tokens_out_mean": round(float(np.mean([s.tokens_out for s in st])), 1),
+        # prompt processing (tokens in / time to first token) and decoding (the tokens after the first)
+        "prompt_tokens_per_s": round(sum(s.tokens_in for s in st)
+                                     / max(sum(s.time_to_first_token_ms for s in st) / 1000, 1e-9), 1),
+        "decode_tokens_per_s": round(sum(s.tokens_out - 1 for s in st)
+                                     / max(sum(s.generation_ms - s.time_to_first_token_ms for s in st) / 1000, 1e-9), 1)}
+
+
+def _cache_part(c, cache_obj, config, args: argparse.Namespace, phase) -> dict[str, Any]:
+    def retrieve(text: str, bypass: bool):
+        t = time.perf_counter()
+        r = c.retrieve(text, 10, bypass_cache=bypass)
+        return (time.perf_counter() - t) * 1000, r.cache_hit
+
+    def generate(text: str, bypass: bool):
+        r = _generate_once(c, text, args.top_k, args.max_tokens, bypass)
+        return r["total_ms"], r["stats"].cache_hit
+
+    log = query_log(Path(args.querylog), 0, args.log_sources)
+    cache_obj.clear()
+    out: dict[str, Any] = {"log_requests": len(log), "threshold": config.cache.threshold, "guard": config.cache.guard}
+    out["retrieve_cached"] = run_log(retrieve, log, False)
+    out["retrieve_uncached"] = run_log(retrieve, log, True)
+    out["retrieve_speedup_mean"] = round(out["retrieve_uncached"]["all"]["mean_ms"]
+                                         / out["retrieve_cached"]["all"]["mean_ms"], 2)
+    phase("retrieve log done")
+    small = query_log(Path(args.querylog), 0, args.generate_log_sources)
+    cache_obj.clear()
+    out["generate_log_requests"] = len(small)
+    out["generate_cached"] = run_log(generate, small, False)
+    out["generate_uncached"] = run_log(generate, small, True)
+    out["generate_speedup_mean"] = round(out["generate_uncached"]["all"]["mean_ms"]
+                                         / out["generate_cached"]["all"]["mean_ms"], 2)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, help="BEIR folder (its test queries)")
@@ -141,10 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--generate-log-sources", type=int, default=20, help="sources for the Generate pass of the log")
     ap.add_argument("--load-seconds", type=float, default=20.0)
     ap.add_argument("--streams", type=int, default=2)
+    ap.add_argument("--no-nice-compare", action="store_true", help="skip the run with the LLM process at nice 0")
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = all cores)")
+    ap.add_argument("--parts", default="generate,cache,load", help="which of generate, cache, load to run")
     ap.add_argument("--config")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    parts = set(args.parts.split(","))
 
     from retrieval.client import ClientOptions, RetrieverClient
     from retrieval.config import ServerConfig, load_config
@@ -182,68 +233,33 @@ def main(argv: list[str] | None = None) -> int:
         with RetrieverClient(server.target, ClientOptions(timeout=600)) as c:
             for q in test[: args.warmup]:
                 _generate_once(c, q, args.top_k, 8, True)
-            runs = [_generate_once(c, q, args.top_k, args.max_tokens, True) for q in test[: args.queries]]
-            result["generate"] = {
-                "queries": len(runs),
-                "client_passages": _pct([r["passages_ms"] for r in runs]),
-                "client_first_token": _pct([r["first_token_ms"] for r in runs if "first_token_ms" in r]),
-                "client_total": _pct([r["total_ms"] for r in runs]),
-                "server_retrieval": _pct([r["stats"].retrieval_ms for r in runs]),
-                "server_first_token": _pct([r["stats"].time_to_first_token_ms for r in runs]),
-                "server_generation": _pct([r["stats"].generation_ms for r in runs]),
-                "tokens_in_mean": round(float(np.mean([r["stats"].tokens_in for r in runs])), 1),
-                "tokens_out_mean": round(float(np.mean([r["stats"].tokens_out for r in runs])), 1),
-                "tokens_per_s": round(sum(r["stats"].tokens_out for r in runs)
-                                      / max(sum(r["stats"].generation_ms for r in runs) / 1000, 1e-9), 1)}
-            phase(f"generate: {json.dumps(result['generate'])}")
-
-            log = query_log(Path(args.querylog), 0, args.log_sources)
-
-            def retrieve(text: str, bypass: bool):
-                t = time.perf_counter()
-                r = c.retrieve(text, 10, bypass_cache=bypass)
-                return (time.perf_counter() - t) * 1000, r.cache_hit
-
-            def generate(text: str, bypass: bool):
-                r = _generate_once(c, text, args.top_k, args.max_tokens, bypass)
-                return r["total_ms"], r["stats"].cache_hit
-
-            assert pipeline.cache is not None, "the semantic cache is off in this configuration"
-            pipeline.cache.clear()
-            cache: dict[str, Any] = {"log_requests": len(log), "threshold": config.cache.threshold,
-                                     "guard": config.cache.guard}
-            cache["retrieve_cached"] = run_log(retrieve, log, False)
-            cache["retrieve_uncached"] = run_log(retrieve, log, True)
-            phase("retrieve log done")
-            cache["retrieve_speedup_mean"] = round(cache["retrieve_uncached"]["all"]["mean_ms"]
-                                                   / cache["retrieve_cached"]["all"]["mean_ms"], 2)
-            small = query_log(Path(args.querylog), 0, args.generate_log_sources)
-            pipeline.cache.clear()
-            cache["generate_log_requests"] = len(small)
-            cache["generate_cached"] = run_log(generate, small, False)
-            cache["generate_uncached"] = run_log(generate, small, True)
-            cache["generate_speedup_mean"] = round(cache["generate_uncached"]["all"]["mean_ms"]
-                                                   / cache["generate_cached"]["all"]["mean_ms"], 2)
-            result["cache"] = cache
-            phase(f"cache: {json.dumps(cache)}")
-
-            idle = _retrieve_load(c, test, args.load_seconds)
-        loaded: dict[str, Any] = {"idle": _pct(idle), "streams": args.streams}
-        for label, nice in ((f"nice_{config.generation.embedded.nice}", None), ("nice_0", 0)):
-            if nice is not None:
-                server.stop()
-                if setup.embedded is not None:
-                    setup.embedded.stop()
-                server, setup = start(nice)
+            if "generate" in parts:
+                result["generate"] = _generate_part(c, test[: args.queries], args)
+                phase(f"generate: {json.dumps(result['generate'])}")
+            if "cache" in parts:
+                assert pipeline.cache is not None, "the semantic cache is off in this configuration"
+                result["cache"] = _cache_part(c, pipeline.cache, config, args, phase)
+                phase(f"cache: {json.dumps(result['cache'])}")
+        if "load" in parts:
             with RetrieverClient(server.target, ClientOptions(timeout=600)) as c:
-                lat, done = _with_generate_load(server.target, test, args.streams, args.top_k, args.max_tokens,
-                                                lambda c=c: _retrieve_load(c, test, args.load_seconds))
-            loaded[label] = {**_pct(lat), "generations_done": done[0],
-                             "p50_ratio": round(float(np.percentile(lat, 50) / np.percentile(idle, 50)), 2),
-                             "p99_ratio": round(float(np.percentile(lat, 99) / np.percentile(idle, 99)), 2)}
-            phase(f"retrieve under generate, {label}")
-        result["retrieve_under_generate"] = loaded
-        phase(f"retrieve under generate: {json.dumps(loaded)}")
+                idle = _retrieve_load(c, test, args.load_seconds)
+            loaded: dict[str, Any] = {"idle": _pct(idle), "streams": args.streams}
+            levels = [(f"nice_{config.generation.embedded.nice}", None)] + ([] if args.no_nice_compare else [("nice_0", 0)])
+            for label, nice in levels:
+                if nice is not None:
+                    server.stop()
+                    if setup.embedded is not None:
+                        setup.embedded.stop()
+                    server, setup = start(nice)
+                with RetrieverClient(server.target, ClientOptions(timeout=600)) as c:
+                    lat, done = _with_generate_load(server.target, test, args.streams, args.top_k, args.max_tokens,
+                                                    lambda c=c: _retrieve_load(c, test, args.load_seconds))
+                loaded[label] = {**_pct(lat), "generations_done": done[0],
+                                 "p50_ratio": round(float(np.percentile(lat, 50) / np.percentile(idle, 50)), 2),
+                                 "p99_ratio": round(float(np.percentile(lat, 99) / np.percentile(idle, 99)), 2)}
+                phase(f"retrieve under generate, {label}")
+            result["retrieve_under_generate"] = loaded
+            phase(f"retrieve under generate: {json.dumps(loaded)}")
     finally:
         server.stop()
         if setup.embedded is not None:
@@ -252,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     result["machine"] = machine()
     if args.json:
         write_result(args.json, "generate", {"dataset": result["dataset"], "max_tokens": args.max_tokens,
-                                             "queries": args.queries, "top_k": args.top_k}, result)
+                                             "queries": args.queries, "top_k": args.top_k, "parts": args.parts,
+                                             "threshold": config.cache.threshold}, result)
     print(json.dumps(result, indent=1, default=str))
     return 0
 

@@ -321,7 +321,7 @@ def _quickstart_answer(index_dir: Path, config, question: str) -> int:
     async def main() -> None:
         try:
             print(f"\nGenerate: {question}  [{setup.describe()}]")
-            async for event in setup.generator.generate(question, max_tokens=80):
+            async for event in setup.generator.generate(question, k=3, max_tokens=64):
                 if isinstance(event, Passages):
                     print("  sources: " + ", ".join(event.result.doc_ids()))
                     print("  ", end="")

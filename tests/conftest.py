@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from retrieval.config import AppConfig, load_config
 from retrieval.evaluate import load_qrels, load_queries
 from retrieval.index import SearchIndex
 from retrieval.pipeline import Pipeline
+from retrieval.store import DocumentStore
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "sample"
@@ -62,3 +64,24 @@ def pipeline(sample_index, embedder, config):
     p = Pipeline(sample_index, embedder, config)
     yield p
     p.close()
+
+
+@pytest.fixture(scope="session")
+def writable_template(tmp_path_factory, sample_docs, config, embedder) -> Path:
+    """A document store seeded with the sample corpus and a snapshot built from it (covering its sequence
+    number), built once per session: tests that write take a copy (``writable``)."""
+    root = tmp_path_factory.mktemp("writable-template")
+    store = DocumentStore(root / "store.db")
+    store.upsert(sample_docs)
+    seq, docs = store.snapshot()
+    store.close()
+    build_snapshot(docs, root / "index", config.build_config(), embedder, covered_seq=seq)
+    return root
+
+
+@pytest.fixture()
+def writable(writable_template, tmp_path) -> Path:
+    """A private copy of the writable template in ``tmp_path``: ``store.db`` and ``index/``."""
+    shutil.copy2(writable_template / "store.db", tmp_path / "store.db")
+    shutil.copytree(writable_template / "index", tmp_path / "index")
+    return tmp_path

@@ -47,3 +47,14 @@ def test_cli_build_search_json_and_errors(tmp_path, capsys):
     assert f"{bad}:2: duplicate document id 'a'" in capsys.readouterr().err
     assert main(["search", "--index", str(tmp_path / "nothing"), "q"]) == 2
     assert "has no CURRENT" in capsys.readouterr().err
+
+
+def test_quickstart_builds_searches_and_generates(tmp_path, capsys):
+    """The README's main command, as written: the sample index, three answered queries, one generated answer from
+    the embedded llama.cpp server."""
+    assert main(["quickstart", "--out", str(tmp_path / "sample")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("total") >= 3 and "astro-001" in out  # the light-year passage answers the first question
+    generated = out.split("Generate: ", 1)[1]
+    assert "embedded llama.cpp" in generated and "sources: astro-001" in generated
+    assert "tokens in" in generated and "(no answer generated" not in out

@@ -144,6 +144,15 @@ def test_cancelling_the_call_closes_the_backend_stream(server, llm):
         # the backend is free again: a new answer streams at once (a 1000-token answer would still be running)
         msgs, err = _stream(c.generate(QUESTION, 2, max_tokens=8, bypass_cache=True))
         assert err is None and msgs[-1].stats.tokens_out > 0
+        # the call's deadline passing while the backend works (here: on the prompt, ~2 s for 2 passages) closes
+        # the backend stream the same way
+        msgs, err = _stream(c.generate("Explain in detail how a pressure cooker works.", 2, max_tokens=1000,
+                                       bypass_cache=True, timeout=1.0))
+        assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and msgs[0].WhichOneof("event") == "passages"
+        t = time.monotonic()
+        while backend.open_streams and time.monotonic() - t < 5:
+            time.sleep(0.02)
+        assert backend.open_streams == 0 and _established_to(llm.port) <= during - 1
 
 
 def test_backend_down_is_unavailable_after_the_passages(gen_pipeline):

@@ -23,11 +23,9 @@ NEW = Document(id="new-001", tenant="acme", title="Axolotl limb regeneration",
 
 
 @pytest.fixture()
-def live(tmp_path, sample_docs, config, embedder):
+def live(writable, config, embedder):
+    tmp_path = writable
     store = DocumentStore(tmp_path / "store.db")
-    store.upsert(sample_docs)
-    seq, docs = store.snapshot()
-    build_snapshot(docs, tmp_path / "index", config.build_config(), embedder, covered_seq=seq)
     base = SearchIndex.load(tmp_path / "index", config, embedder)
     li = LiveIndex(base, store, embedder, EmbedderTokens(embedder), config)
     pipeline = Pipeline(li.view, embedder, config)

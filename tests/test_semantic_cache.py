@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from index_builder.build import build_snapshot
 from index_builder.token_encoders import EmbedderTokens
 from index_builder.types import Document
+from retrieval.filters import Filter
 from retrieval.index import SearchIndex
 from retrieval.live import LiveIndex
 from retrieval.pipeline import Pipeline
@@ -50,7 +50,8 @@ def test_a_paraphrase_hits_and_a_near_miss_misses(cached_pipeline):
     assert float(v1 @ v2) >= p.config.cache.threshold
     flipped = p.search(FLIPPED, 5)
     assert not flipped.cache_hit
-    # other options are another scope; bypassing neither reads nor fills the cache
+    # another tenant or other options are another scope; bypassing neither reads nor fills the cache
+    assert not p.search(PARAPHRASE, 5, filter=Filter.of("acme")).cache_hit
     assert not p.search(PARAPHRASE, 3).cache_hit
     assert not p.search(ASKED, 5, use_cache=False).cache_hit
     stats = p.cache.stats()
@@ -78,11 +79,10 @@ def test_generation_ttl_lru_and_stale_puts(embedder):
     assert cache.lookup("s", 2, b, VENUS).value == "B-new"
 
 
-def test_writes_and_rebuilds_invalidate_through_the_live_index(tmp_path, sample_docs, config, embedder):
+def test_writes_and_rebuilds_invalidate_through_the_live_index(writable, sample_docs, config, embedder):
+    tmp_path = writable
     store = DocumentStore(tmp_path / "store.db")
-    store.upsert(sample_docs)
-    seq, docs = store.snapshot()
-    build_snapshot(docs, tmp_path / "index", config.build_config(), embedder, covered_seq=seq)
+    docs = sample_docs
     live = LiveIndex(SearchIndex.load(tmp_path / "index", config, embedder), store, embedder, EmbedderTokens(embedder),
                      config)
     p = Pipeline(live.view, embedder, config, cache=SemanticCache(config.cache))

@@ -316,9 +316,8 @@ def test_api_keys_from_file_and_environment(tmp_path):
         load_api_keys(str(tmp_path / "missing.json"))
 
 
-def _writable(tmp_path, sample_docs, config, embedder):
-    """A document store seeded with the sample corpus, a snapshot built from it, and a live index over it."""
-    from index_builder.build import build_snapshot
+def _writable(tmp_path, config, embedder):
+    """The writable sample copy (store seeded with the sample corpus, snapshot built from it) and a live index."""
     from index_builder.token_encoders import EmbedderTokens
     from retrieval.index import SearchIndex
     from retrieval.live import LiveIndex
@@ -326,18 +325,15 @@ def _writable(tmp_path, sample_docs, config, embedder):
     from retrieval.store import DocumentStore
 
     store = DocumentStore(tmp_path / "store.db")
-    store.upsert(sample_docs)
-    seq, docs = store.snapshot()
-    build_snapshot(docs, tmp_path / "index", config.build_config(), embedder, covered_seq=seq)
+    seq = store.last_seq()
     p = Pipeline(SearchIndex.load(tmp_path / "index", config, embedder), embedder, config)
     live = LiveIndex(p.index, store, embedder, EmbedderTokens(embedder), config)
     live.on_publish(lambda view: setattr(p, "index", view))
     return store, seq, p, live
 
 
-def test_writes_over_grpc_are_durable_visible_and_checked(tmp_path, sample_docs, config, embedder):
-
-    store, seq, p, live = _writable(tmp_path, sample_docs, config, embedder)
+def test_writes_over_grpc_are_durable_visible_and_checked(writable, config, embedder):
+    store, seq, p, live = _writable(writable, config, embedder)
     keys = {"key-acme": frozenset({"acme"}), "key-admin": frozenset({"*"})}
     s = BackgroundServer(p, ServerConfig(port=0), api_keys=keys)
     s.running.state.live = live
@@ -364,14 +360,14 @@ def test_writes_over_grpc_are_durable_visible_and_checked(tmp_path, sample_docs,
         p.close()
 
 
-def test_rebuild_call_and_bm25_fallback_after_a_restart_without_hnsw(tmp_path, sample_docs, config, embedder):
+def test_rebuild_call_and_bm25_fallback_after_a_restart_without_hnsw(tmp_path, writable, config, embedder):
     """Rebuild over gRPC swaps in a new generation; then the HNSW file of the current snapshot is deleted and the
     index reloaded (a restart): BM25 answers alone, and the response and the status say so."""
     from index_builder.snapshot import current_snapshot_dir
     from retrieval.index import SearchIndex
     from retrieval.pipeline import Pipeline
 
-    store, seq, p, live = _writable(tmp_path, sample_docs, config, embedder)
+    store, seq, p, live = _writable(writable, config, embedder)
     s = BackgroundServer(p, ServerConfig(port=0))
     s.running.state.live = live
     try:
