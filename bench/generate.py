@@ -10,11 +10,12 @@ Q4_1 by default) in its own process:
    SciFact test claims). Sequence: the originals (they fill the cache), then, shuffled with a fixed seed, exact
    repeats of half the originals, the paraphrases and the near-misses. Run once with the cache and once bypassing
    it, for Retrieve and for Generate; reports hit rates per kind (a near-miss hit is a false hit) and latency.
-3. ``retrieve_under_generate``: Retrieve p50/p99 alone, then while ``--streams`` Generate calls run back to back
+   ``cache_overhead``: in process, what a miss costs against no cache, and what a hit costs (150 test queries).
+3. ``load``: Retrieve p50/p99 alone, then while ``--streams`` Generate calls run back to back
    with the embedded server at its configured nice value and again at nice 0 (why it runs niced, in its own
    process).
 
-Usage: python -m bench.generate --dataset ../shared/data/beir/scifact --index IDX --json bench/results/bench.json
+Usage: python -m bench.generate --dataset ../shared/data/beir/scifact --index IDX --json results/bench.json
 """
 
 from __future__ import annotations
@@ -176,6 +177,30 @@ def _cache_part(c, cache_obj, config, args: argparse.Namespace, phase) -> dict[s
     return out
 
 
+def _cache_overhead_part(pipeline, questions: list[str]) -> dict[str, Any]:
+    """In process, alternating passes: every query a miss (cache cleared per pass) against the cache bypassed, then
+    every query a hit."""
+    for q in questions[:10]:
+        pipeline.search(q, 10, use_cache=False)
+    lat: dict[str, list[float]] = {"miss": [], "bypassed": [], "hit": []}
+    for _ in range(2):
+        for mode in ("miss", "bypassed"):
+            pipeline.cache.clear()
+            for q in questions:
+                t = time.perf_counter()
+                r = pipeline.search(q, 10, use_cache=mode == "miss")
+                if not r.cache_hit:  # near-duplicate questions in the set hit each other: not a miss
+                    lat[mode].append((time.perf_counter() - t) * 1000)
+    for q in questions:  # fill
+        pipeline.search(q, 10)
+    for q in questions:
+        t = time.perf_counter()
+        r = pipeline.search(q, 10)
+        if r.cache_hit:
+            lat["hit"].append((time.perf_counter() - t) * 1000)
+    return {k: _pct(v) for k, v in lat.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, help="BEIR folder (its test queries)")
@@ -191,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, default=2)
     ap.add_argument("--no-nice-compare", action="store_true", help="skip the run with the LLM process at nice 0")
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = all cores)")
-    ap.add_argument("--parts", default="generate,cache,load", help="which of generate, cache, load to run")
+    ap.add_argument("--parts", default="generate,cache,cache_overhead,load",
+                    help="which of generate, cache, cache_overhead, load to run")
     ap.add_argument("--config")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -240,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
                 assert pipeline.cache is not None, "the semantic cache is off in this configuration"
                 result["cache"] = _cache_part(c, pipeline.cache, config, args, phase)
                 phase(f"cache: {json.dumps(result['cache'])}")
+        if "cache_overhead" in parts:
+            assert pipeline.cache is not None, "the semantic cache is off in this configuration"
+            result["cache_overhead"] = _cache_overhead_part(pipeline, test[:150])
+            phase(f"cache overhead: {json.dumps(result['cache_overhead'])}")
         if "load" in parts:
             with RetrieverClient(server.target, ClientOptions(timeout=600)) as c:
                 idle = _retrieve_load(c, test, args.load_seconds)

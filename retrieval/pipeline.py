@@ -259,6 +259,13 @@ class Pipeline:
             result.skipped["cross_encoder"] = "no cross-encoder model configured"
             want_ce = False
 
+        def run_bm25() -> tuple[Hits, float]:
+            t = time.perf_counter()
+            return index.bm25.search(query, candidates, doc_mask), _ms(t)
+
+        bm25_task = None
+        if "bm25" in stages and self.config.first_stage.parallel and "dense" in stages:
+            bm25_task = asyncio.ensure_future(self._in_pool(run_bm25))  # overlaps the embedding (wasted on a cache hit)
         query_tokens: np.ndarray | None = None
         scope = None
         if self.cache is not None and use_cache and query_vec is None and "dense" in stages and index.dense is not None:
@@ -280,20 +287,12 @@ class Pipeline:
                     return dataclasses.replace(cached, timings_ms=result.timings_ms, query_vec=query_vec,
                                                cache_hit=True, cache_similarity=hit.similarity)
 
-        def run_bm25() -> tuple[Hits, float]:
-            t = time.perf_counter()
-            return index.bm25.search(query, candidates, doc_mask), _ms(t)
-
         # ColBERT query tokens are encoded alongside the first stage (embedder tokens come with the embedding).
         tokens_task = None
         if want_li and self.models.query_tokens is not None:
             tokens_task = asyncio.ensure_future(self.models.encode_query_tokens(query))
-        bm25_task = None
-        if "bm25" in stages:
-            if self.config.first_stage.parallel and "dense" in stages:
-                bm25_task = asyncio.ensure_future(self._in_pool(run_bm25))
-            else:
-                result.stages["bm25"], result.timings_ms["bm25"] = await self._in_pool(run_bm25)
+        if "bm25" in stages and bm25_task is None:
+            result.stages["bm25"], result.timings_ms["bm25"] = await self._in_pool(run_bm25)
 
         if "dense" in stages:
             if index.dense is None:
