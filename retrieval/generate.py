@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from index_builder.errors import BackendUnavailable, ConfigError, DeadlineExceeded, InvalidRequest
+from index_builder.errors import ConfigError, DeadlineExceeded, InvalidRequest
 from retrieval.llm_backend import BackendConfig, ChatBackend, GenerationConfig, route
 from retrieval.llm_server import EmbeddedLLMServer, llama_server_available
 from retrieval.pipeline import Pipeline, SearchResult
@@ -109,7 +109,7 @@ class Generator:
         result = await self.pipeline.search_async(question, k, deadline=deadline, use_cache=use_cache, **search)
         retrieval_ms = (time.perf_counter() - t0) * 1000.0
         which = self.route_for(question)
-        backend = self.backends["default" if which == "default" else which]
+        backend = self.backends[which]
         scope = None
         if self.cache is not None and use_cache and result.query_vec is not None and not result.degraded:
             scope = ("generate", search.get("filter"), k, tuple(search.get("stages") or ()), search.get("candidates"),
@@ -170,8 +170,6 @@ class Generator:
             await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(self._ready())), timeout)
         except TimeoutError:
             raise DeadlineExceeded("the call's deadline passed while the generation backend was starting") from None
-        except BackendUnavailable:
-            raise
 
 
 class _EmbeddedStarter:
