@@ -133,6 +133,7 @@ class SemanticCache:
         self._epoch = 0  # bumped by every invalidation
         self._doc_epoch: dict[str, int] = {}  # document id -> epoch of its last invalidation
         self._floor = 0  # puts from before this epoch are refused (``_doc_epoch`` was cleared then)
+        self._generation: int | None = None  # the newest generation seen
         self.counts = {"hits": 0, "misses": 0, "evictions": 0, "expired": 0, "invalidated": 0, "stale_generation": 0,
                        "refused_stale": 0, "guarded": 0}
 
@@ -151,6 +152,7 @@ class SemanticCache:
         """The most similar live entry of ``scope`` at or above the threshold (and passing the guard on ``text``),
         or None (a miss)."""
         with self._lock:
+            self._see(generation)
             s = self._scopes.get(scope)
             if s is not None:
                 self._expire(s, generation)
@@ -187,6 +189,7 @@ class SemanticCache:
             if since is not None and (since < self._floor or any(self._doc_epoch.get(d, -1) > since for d in doc_ids)):
                 self.counts["refused_stale"] += 1
                 return False
+            self._see(generation)
             s = self._scopes.setdefault(scope, _Scope())
             self._expire(s, generation)
             key = next(self._ids)
@@ -225,6 +228,15 @@ class SemanticCache:
             self._by_doc.clear()
 
     # ------------------------------------------------------------------ internals (lock held)
+
+    def _see(self, generation: int) -> None:
+        """A newer generation is served: drop every older entry now, in every scope (cached results hold their
+        index view, which would otherwise keep a replaced snapshot in memory)."""
+        if self._generation is None or generation > self._generation:
+            self._generation = generation
+            for key in [k for k, e in self._entries.items() if e.generation < generation]:
+                self._remove(key)
+                self.counts["stale_generation"] += 1
 
     def _expire(self, s: _Scope, generation: int) -> None:
         now = self._clock()

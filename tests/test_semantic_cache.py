@@ -63,8 +63,10 @@ def test_generation_ttl_lru_and_stale_puts(embedder):
     cache = SemanticCache(SemanticCacheConfig(ttl_s=10, max_entries=2), clock=lambda: now[0])
     a, b, c = embedder.embed([ASKED, VENUS, "What makes a steak brown when seared?"])
     cache.put("s", 1, a, ASKED, "A", ["d1"])
+    cache.put("other scope", 1, b, VENUS, "B", ["d2"])
     assert cache.lookup("s", 1, a, ASKED).value == "A"
-    assert cache.lookup("s", 2, a, ASKED) is None and cache.stats()["stale_generation"] == 1  # a new generation
+    assert cache.lookup("s", 2, a, ASKED) is None  # a new generation drops the old entries of every scope
+    assert len(cache) == 0 and cache.stats()["stale_generation"] == 2
     cache.put("s", 2, a, ASKED, "A2", ["d1"])
     now[0] = 11.0
     assert cache.lookup("s", 2, a, ASKED) is None and cache.stats()["expired"] == 1
