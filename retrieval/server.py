@@ -10,6 +10,7 @@ blocking (tests run one on port 0); ``serve`` loads everything, serves until SIG
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -204,14 +205,20 @@ class RetrieverService(pb_grpc.RetrieverServicer):
 
     # ------------------------------------------------------------------ RPCs
 
-    def _admit(self, context: grpc.aio.ServicerContext) -> tuple[float | None, float]:
-        """Admission control and the call's deadline (absolute monotonic seconds, or None)."""
+    @contextlib.contextmanager
+    def _admitted(self, context: grpc.aio.ServicerContext):
+        """Admission control and an in-flight slot for the call; yields its deadline (absolute monotonic seconds,
+        or None)."""
         if self.state.in_flight >= self.config.max_in_flight:
             raise Overloaded(f"overloaded: {self.state.in_flight} requests in flight (max {self.config.max_in_flight})")
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             raise DeadlineExceeded("the call's deadline passed before it started")
-        return (None if remaining is None else time.monotonic() + remaining), time.perf_counter()
+        self.state.in_flight += 1
+        try:
+            yield None if remaining is None else time.monotonic() + remaining
+        finally:
+            self.state.in_flight -= 1
 
     def _search_options(self, request: pb.RetrieveRequest, pipeline: Pipeline) -> dict:
         """The pipeline options of a RetrieveRequest, checked (ranges the pipeline checks itself are left to it)."""
@@ -232,16 +239,13 @@ class RetrieverService(pb_grpc.RetrieverServicer):
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         request_id = uuid.uuid4().hex[:16]
         context.set_trailing_metadata((("x-request-id", request_id),))
-        admitted = False
         t0 = time.perf_counter()
         try:
-            deadline, t0 = self._admit(context)
-            self.state.in_flight += 1
-            admitted = True
-            self._authorize(context, request.tenant)
-            pipeline = self._pipeline()
-            options = self._search_options(request, pipeline)
-            result = await pipeline.search_async(request.query, request.top_k or 10, deadline=deadline, **options)
+            with self._admitted(context) as deadline:
+                self._authorize(context, request.tenant)
+                pipeline = self._pipeline()
+                options = self._search_options(request, pipeline)
+                result = await pipeline.search_async(request.query, request.top_k or 10, deadline=deadline, **options)
             response = to_response(pipeline, result, request_id)
             log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms,
                       extra={"request_id": request_id, "timings_ms": result.timings_ms})
@@ -253,59 +257,51 @@ class RetrieverService(pb_grpc.RetrieverServicer):
         except Exception as e:  # noqa: BLE001  (mapped to a status code in one place)
             await self._fail(context, e, request_id)
             raise  # unreachable: abort raises
-        finally:
-            if admitted:
-                self.state.in_flight -= 1
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         """Stream: the passages, the answer's tokens, the stats. A failure after the passages ends the stream with
         the error's status; what was sent stays valid. Cancellation closes the backend stream at once."""
         request_id = uuid.uuid4().hex[:16]
         context.set_trailing_metadata((("x-request-id", request_id),))
-        admitted = False
         t0 = time.perf_counter()
         try:
-            deadline, t0 = self._admit(context)
-            self.state.in_flight += 1
-            admitted = True
-            r = request.retrieve
-            self._authorize(context, r.tenant)
-            pipeline = self._pipeline()
-            options = self._search_options(r, pipeline)
-            if self.state.generation is None:
-                raise BackendUnavailable(self.state.generation_error)
-            generator = self.state.generation.generator
-            if request.max_tokens < 0:
-                raise InvalidRequest(f"max_tokens must be in [1, {generator.config.max_tokens_limit}] (0 = default), "
-                                     f"got {request.max_tokens}")
-            events = generator.generate(r.query, k=r.top_k, max_tokens=request.max_tokens, deadline=deadline, **options)
-            try:
-                async for event in events:
-                    if isinstance(event, Token):
-                        yield pb.GenerateResponse(token=event.text)
-                    elif isinstance(event, Passages):
-                        yield pb.GenerateResponse(passages=to_response(pipeline, event.result, request_id))
-                    elif isinstance(event, Stats):
-                        yield pb.GenerateResponse(stats=pb.GenerateStats(
-                            retrieval_ms=event.retrieval_ms, time_to_first_token_ms=event.time_to_first_token_ms,
-                            generation_ms=event.generation_ms, tokens_in=event.tokens_in, tokens_out=event.tokens_out,
-                            model=event.model, cache_hit=event.cache_hit, route=event.route,
-                            passages_in_prompt=event.passages_in_prompt, context_truncated=event.context_truncated,
-                            finish_reason=event.finish_reason))
-                        log.info("request %s: answered by %s (%s) in %.0f ms, %d tokens out%s", request_id, event.model,
-                                 event.route, (time.perf_counter() - t0) * 1000, event.tokens_out,
-                                 " (cache hit)" if event.cache_hit else "", extra={"request_id": request_id})
-            finally:
-                await events.aclose()  # closes the backend's HTTP stream now, also on cancellation
+            with self._admitted(context) as deadline:
+                r = request.retrieve
+                self._authorize(context, r.tenant)
+                pipeline = self._pipeline()
+                options = self._search_options(r, pipeline)
+                if self.state.generation is None:
+                    raise BackendUnavailable(self.state.generation_error)
+                generator = self.state.generation.generator
+                if request.max_tokens < 0:
+                    raise InvalidRequest(f"max_tokens must be in [1, {generator.config.max_tokens_limit}] "
+                                         f"(0 = default), got {request.max_tokens}")
+                events = generator.generate(r.query, k=r.top_k, max_tokens=request.max_tokens, deadline=deadline,
+                                            **options)
+                try:
+                    async for event in events:
+                        if isinstance(event, Token):
+                            yield pb.GenerateResponse(token=event.text)
+                        elif isinstance(event, Passages):
+                            yield pb.GenerateResponse(passages=to_response(pipeline, event.result, request_id))
+                        elif isinstance(event, Stats):
+                            yield pb.GenerateResponse(stats=pb.GenerateStats(
+                                retrieval_ms=event.retrieval_ms, time_to_first_token_ms=event.time_to_first_token_ms,
+                                generation_ms=event.generation_ms, tokens_in=event.tokens_in, tokens_out=event.tokens_out,
+                                model=event.model, cache_hit=event.cache_hit, route=event.route,
+                                passages_in_prompt=event.passages_in_prompt, context_truncated=event.context_truncated,
+                                finish_reason=event.finish_reason))
+                            log.info("request %s: answered by %s (%s) in %.0f ms, %d tokens out%s", request_id, event.model,
+                                     event.route, (time.perf_counter() - t0) * 1000, event.tokens_out,
+                                     " (cache hit)" if event.cache_hit else "", extra={"request_id": request_id})
+                finally:
+                    await events.aclose()  # closes the backend's HTTP stream now, also on cancellation
         except asyncio.CancelledError:
             log.info("generate %s cancelled by the client after %.1f ms", request_id, (time.perf_counter() - t0) * 1000,
                      extra={"request_id": request_id})
             raise
         except Exception as e:  # noqa: BLE001
             await self._fail(context, e, request_id)
-        finally:
-            if admitted:
-                self.state.in_flight -= 1
 
     async def GetIndexStatus(self, request: pb.GetIndexStatusRequest, context: grpc.aio.ServicerContext) -> pb.IndexStatus:
         try:
