@@ -93,7 +93,12 @@ class BatcherStats:
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=1024))
     queue_wait_ms: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
+    # called after every batch with (size, queue waits in ms, failed): the Prometheus histograms
+    observers: list[Callable[[int, Sequence[float], bool], None]] = field(default_factory=list)
+
     def record(self, size: int, waits_ms: Sequence[float], failed: bool) -> None:
+        for observe in self.observers:
+            observe(size, waits_ms, failed)
         self.batches += 1
         self.items += size
         self.errors += int(failed)

@@ -212,6 +212,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["server"] = {"port": args.port}
     if args.host:
         overrides.setdefault("server", {})["host"] = args.host
+    if args.metrics_port is not None:
+        overrides["metrics"] = {"port": args.metrics_port}
     config = _config(args, overrides)
     root = logging.getLogger()
     root.setLevel(logging.DEBUG if args.verbose else logging.INFO)
@@ -387,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", required=True, help="index root (CURRENT -> snapshot)")
     p.add_argument("--port", type=int, help="listen port (default: [server] port, 50051; 0 = any free port)")
     p.add_argument("--host", help="listen address (default: [server] host, 127.0.0.1)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default: [metrics] port, 9464; "
+                   "0 = any free port, -1 = off)")
     p.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
     p.add_argument("--store", help="document store (SQLite) for Upsert/Delete; writes after the snapshot are replayed")
     _add_common(p)

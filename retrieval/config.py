@@ -27,7 +27,9 @@ from index_builder.token_encoders import TokenEncoderConfig
 from retrieval.batching import BatcherConfig
 from retrieval.dense import DenseConfig
 from retrieval.llm_backend import GenerationConfig
+from retrieval.metrics import MetricsConfig
 from retrieval.semantic_cache import SemanticCacheConfig
+from retrieval.tracing import TracingConfig
 
 ENV_PREFIX = "HYBRIDRAG_"
 
@@ -185,6 +187,8 @@ class AppConfig:
     live: LiveConfig = field(default_factory=LiveConfig)
     cache: SemanticCacheConfig = field(default_factory=SemanticCacheConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def build_config(self) -> BuildConfig:
         return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,

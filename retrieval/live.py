@@ -286,6 +286,7 @@ class LiveIndex:
         self._rebuild_lock = threading.Lock()  # one rebuild at a time
         self._listeners: list[Callable[[LiveView], None]] = []
         self._write_listeners: list[Callable[[list[str]], None]] = []
+        self._rebuild_listeners: list[Callable[[float, bool], None]] = []
         self._first_buffered: float | None = None
         self._rebuild_embedder: Embedder | None = None
         self._stop = threading.Event()
@@ -302,6 +303,10 @@ class LiveIndex:
     def on_write(self, fn: Callable[[list[str]], None]) -> None:
         """``fn(ids)`` after every acknowledged write, once its view is published (the semantic cache invalidates)."""
         self._write_listeners.append(fn)
+
+    def on_rebuild(self, fn: Callable[[float, bool], None]) -> None:
+        """``fn(seconds, ok)`` after every rebuild attempt (the rebuild-duration metric)."""
+        self._rebuild_listeners.append(fn)
 
     def _written(self, ids: list[str]) -> None:
         for fn in self._write_listeners:
@@ -393,9 +398,13 @@ class LiveIndex:
             except BaseException as e:  # noqa: BLE001  (re-raised in the caller)
                 errors.append(e)
 
+        t0 = time.perf_counter()
         t = threading.Thread(target=work, name="hybridrag-rebuild-work")
         t.start()
         t.join()
+        if not (out and out[0] is None):  # an empty store builds nothing: not a rebuild
+            for fn in self._rebuild_listeners:
+                fn(time.perf_counter() - t0, not errors)
         if errors:
             raise errors[0]
         return out[0]

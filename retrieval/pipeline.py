@@ -21,6 +21,8 @@ is cached.
 Deadlines: given an absolute deadline (``time.monotonic()`` seconds) or a configured budget, a request whose
 deadline has passed is refused (:class:`DeadlineExceeded`) before it starts; later, the cross-encoder and then
 late interaction are skipped when the time left is below their recent p95 latency, and the result says so.
+
+Tracing (:mod:`retrieval.tracing`): ``hybridrag.search`` under the caller's current span, a child span per stage.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Tracer
 from threadpoolctl import threadpool_limits
 
 from index_builder.errors import DeadlineExceeded, InvalidRequest
@@ -52,6 +56,7 @@ from retrieval.fusion import rrf
 from retrieval.index import SearchIndex
 from retrieval.model_calls import ModelCalls
 from retrieval.semantic_cache import SemanticCache
+from retrieval.tracing import NO_TRACER, child_span
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +117,10 @@ class StageLatency:
 class Pipeline:
     def __init__(self, index: SearchIndex, embedder: Embedder, config: AppConfig,
                  executor: Executor | None = None, cross_encoder: CrossEncoder | None = None,
-                 token_encoder: TokenEncoder | None = None, cache: SemanticCache | None = None) -> None:
+                 token_encoder: TokenEncoder | None = None, cache: SemanticCache | None = None,
+                 tracer: Tracer = NO_TRACER) -> None:
         self.index = index
+        self.tracer = tracer
         self.cache = cache
         self.embedder = embedder
         self.config = config
@@ -130,13 +137,13 @@ class Pipeline:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, index_dir: str | Path, config: AppConfig) -> Pipeline:
+    def open(cls, index_dir: str | Path, config: AppConfig, tracer: Tracer = NO_TRACER) -> Pipeline:
         """Load the models the configuration names and the snapshot ``index_dir/CURRENT`` points at."""
         embedder = Embedder(config.embedder)
         index = SearchIndex.load(index_dir, config, embedder)
         cross_encoder = CrossEncoder(config.cross_encoder) if config.cross_encoder.model else None
         cache = SemanticCache(config.cache) if config.cache.enabled else None
-        return cls(index, embedder, config, cross_encoder=cross_encoder, cache=cache)
+        return cls(index, embedder, config, cross_encoder=cross_encoder, cache=cache, tracer=tracer)
 
     # ------------------------------------------------------------------ lifecycle and entry points
 
@@ -224,15 +231,28 @@ class Pipeline:
     async def _in_pool(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    async def _search(self, query: str, k: int = 10, *, filter: Filter = NO_FILTER, candidates: int | None = None,
-                      stages: Sequence[str] | None = None, exact_dense: bool = False,
-                      query_vec: np.ndarray | None = None, li_top_k: int | None = None, ce_top_k: int | None = None,
-                      deadline: float | None = None, use_cache: bool = True) -> SearchResult:
+    async def _search(self, query: str, k: int = 10, **options: Any) -> SearchResult:
         """Run the stages for one query; returns the top ``k`` documents (fused unless one first stage is asked).
 
-        ``candidates`` (top-N per first stage), ``li_top_k`` and ``ce_top_k`` default to the configuration;
-        ``deadline`` is absolute ``time.monotonic()`` seconds; ``use_cache=False`` bypasses the semantic cache.
+        Options: ``filter``, ``candidates`` (top-N per first stage), ``stages``, ``exact_dense``, ``query_vec``,
+        ``li_top_k``, ``ce_top_k`` (the last ones default to the configuration), ``deadline`` (absolute
+        ``time.monotonic()`` seconds), ``use_cache=False`` (bypass the semantic cache).
         """
+        with self.tracer.start_as_current_span("hybridrag.search", attributes={"top_k": k}) as span:
+            result = await self._run_stages(query, k, otel_context.get_current(), **options)
+            if span.is_recording():
+                span.set_attributes({"index.generation": result.generation, "cache_hit": result.cache_hit,
+                                     "degraded": result.degraded, "stages": list(result.stages),
+                                     "skipped": [f"{k}: {v}" for k, v in result.skipped.items()]})
+            return result
+
+    async def _run_stages(self, query: str, k: int, trace: otel_context.Context, *, filter: Filter = NO_FILTER,
+                          candidates: int | None = None, stages: Sequence[str] | None = None,
+                          exact_dense: bool = False, query_vec: np.ndarray | None = None, li_top_k: int | None = None,
+                          ce_top_k: int | None = None, deadline: float | None = None,
+                          use_cache: bool = True) -> SearchResult:
+        """The body of :meth:`_search`; ``trace`` is the parent of the stage spans."""
+        tracer = self.tracer
         rr = self.config.rerank
         stages = self.default_stages() if stages is None else tuple(stages)
         candidates = candidates or max(self.config.first_stage.candidates, k)
@@ -260,8 +280,9 @@ class Pipeline:
             want_ce = False
 
         def run_bm25() -> tuple[Hits, float]:
-            t = time.perf_counter()
-            return index.bm25.search(query, candidates, doc_mask), _ms(t)
+            with child_span(tracer, "hybridrag.bm25", trace, {"candidates": candidates}):
+                t = time.perf_counter()
+                return index.bm25.search(query, candidates, doc_mask), _ms(t)
 
         bm25_task = None
         if "bm25" in stages and self.config.first_stage.parallel and "dense" in stages:
@@ -271,16 +292,20 @@ class Pipeline:
         if self.cache is not None and use_cache and query_vec is None and "dense" in stages and index.dense is not None:
             scope = ("retrieve", filter, k, candidates, stages, li_top_k, ce_top_k, exact_dense)
             try:
-                t = time.perf_counter()
-                query_vec, query_tokens, result.timings_ms["embed_queue"] = await self.models.embed_query(query)
-                result.timings_ms["embed"] = _ms(t)
+                with child_span(tracer, "hybridrag.embed", trace) as span:
+                    t = time.perf_counter()
+                    query_vec, query_tokens, result.timings_ms["embed_queue"] = await self.models.embed_query(query)
+                    result.timings_ms["embed"] = _ms(t)
+                    span.set_attribute("queue_wait_ms", result.timings_ms["embed_queue"])
             except Exception:  # the normal path below degrades to BM25 and says why
                 log.exception("query embedding failed before the cache lookup")
                 scope = None
             if query_vec is not None and scope is not None:
-                t = time.perf_counter()
-                hit = self.cache.lookup(scope, index.generation, query_vec, query)
-                result.timings_ms["cache"] = _ms(t)
+                with child_span(tracer, "hybridrag.cache_lookup", trace) as span:
+                    t = time.perf_counter()
+                    hit = self.cache.lookup(scope, index.generation, query_vec, query)
+                    result.timings_ms["cache"] = _ms(t)
+                    span.set_attribute("hit", hit is not None)
                 if hit is not None:
                     cached: SearchResult = hit.value
                     result.timings_ms["total"] = _ms(t_total)
@@ -300,18 +325,21 @@ class Pipeline:
                 result.degraded = True
             else:
                 try:
-                    t = time.perf_counter()
                     if query_vec is not None and not (want_li and tokens_task is None and query_tokens is None):
                         vec = query_vec
                     else:
-                        vec, query_tokens, wait = await self.models.embed_query(query)
-                        result.timings_ms["embed_queue"] = wait
-                        result.timings_ms["embed"] = _ms(t)
+                        with child_span(tracer, "hybridrag.embed", trace) as span:
+                            t = time.perf_counter()
+                            vec, query_tokens, wait = await self.models.embed_query(query)
+                            result.timings_ms["embed_queue"] = wait
+                            result.timings_ms["embed"] = _ms(t)
+                            span.set_attribute("queue_wait_ms", wait)
                     result.query_vec = vec
-                    t = time.perf_counter()
-                    result.stages["dense"] = await self._in_pool(
-                        lambda: index.dense.search(vec, candidates, doc_mask, chunk_mask, exact=exact_dense))
-                    result.timings_ms["dense"] = _ms(t)
+                    with child_span(tracer, "hybridrag.dense", trace, {"candidates": candidates, "exact": exact_dense}):
+                        t = time.perf_counter()
+                        result.stages["dense"] = await self._in_pool(
+                            lambda: index.dense.search(vec, candidates, doc_mask, chunk_mask, exact=exact_dense))
+                        result.timings_ms["dense"] = _ms(t)
                 except Exception as e:  # an embedder/faiss failure degrades to BM25 instead of failing the query
                     log.exception("dense search failed; BM25 serves alone")
                     result.skipped["dense"] = f"dense search failed: {e}"
@@ -324,7 +352,8 @@ class Pipeline:
         if len(ran) == 1:
             current = result.stages[ran[0]]
         else:
-            current = self.fuse(result.stages["bm25"], result.stages["dense"])
+            with child_span(tracer, "hybridrag.fusion", trace):
+                current = self.fuse(result.stages["bm25"], result.stages["dense"])
             result.timings_ms["fusion"] = _ms(t)
             result.stages["fused"] = current
 
@@ -343,13 +372,14 @@ class Pipeline:
                 want_li, result.degraded = False, True
         if want_li:
             t = time.perf_counter()
-            if tokens_task is not None:
-                query_tokens, result.timings_ms["query_tokens_queue"] = await tokens_task
-            elif query_tokens is None:  # dense skipped or failed, or a vector was given: encode now
-                _, query_tokens, _ = await self.models.embed_query(query)
-            assert index.late is not None and query_tokens is not None
-            head = current
-            current = reorder(current, await self._in_pool(index.late.rerank, query_tokens, head.chunk, li_top_k))
+            with child_span(tracer, "hybridrag.late_interaction", trace, {"top_k": li_top_k}):
+                if tokens_task is not None:
+                    query_tokens, result.timings_ms["query_tokens_queue"] = await tokens_task
+                elif query_tokens is None:  # dense skipped or failed, or a vector was given: encode now
+                    _, query_tokens, _ = await self.models.embed_query(query)
+                assert index.late is not None and query_tokens is not None
+                head = current
+                current = reorder(current, await self._in_pool(index.late.rerank, query_tokens, head.chunk, li_top_k))
             result.stages["late_interaction"] = current
             result.timings_ms["late_interaction"] = ms = _ms(t)
             self.latency.record("late_interaction", ms)
@@ -361,9 +391,10 @@ class Pipeline:
             want_ce, result.degraded = False, True
         if want_ce:
             t = time.perf_counter()
-            passages = [index.passage_with_title(int(c)) for c in current.chunk[:ce_top_k]]
-            scores = await self.models.score_pairs(query, passages)
-            current = reorder(current, rerank_by_scores(scores, len(current)))
+            with child_span(tracer, "hybridrag.cross_encoder", trace, {"top_k": ce_top_k}):
+                passages = [index.passage_with_title(int(c)) for c in current.chunk[:ce_top_k]]
+                scores = await self.models.score_pairs(query, passages)
+                current = reorder(current, rerank_by_scores(scores, len(current)))
             result.stages["cross_encoder"] = current
             result.timings_ms["cross_encoder"] = ms = _ms(t)
             self.latency.record("cross_encoder", ms)

@@ -5,6 +5,10 @@ The event loop only parses, checks and answers: every search runs in the pipelin
 worker pool for BM25/faiss/MaxSim, model calls through the cross-request batchers), awaited here. Errors are
 mapped to status codes in one place (:func:`status_for`). ``create_server`` builds a started server without
 blocking (tests run one on port 0); ``serve`` loads everything, serves until SIGTERM/SIGINT, then drains.
+
+Every RPC goes through :meth:`RetrieverService._rpc`: a server span (``hybridrag.<Method>``, with the request id;
+the pipeline's stage spans hang under it) and the request metrics by status code (:mod:`retrieval.metrics`,
+``/metrics`` on its own HTTP port).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import context as otel_context
+from opentelemetry.trace import SpanKind, Tracer
 
 from index_builder.errors import (
     BackendError,
@@ -42,8 +48,10 @@ from retrieval.config import AppConfig, ServerConfig
 from retrieval.filters import Filter
 from retrieval.generate import GeneratorSetup, Passages, Stats, Token, open_generator
 from retrieval.live import LiveIndex
+from retrieval.metrics import MetricsConfig, ServiceMetrics
 from retrieval.pipeline import Pipeline, SearchResult
 from retrieval.store import DocumentStore
+from retrieval.tracing import NO_TRACER, Tracing, make_tracing, set_error
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +139,21 @@ class ServiceState:
     live: LiveIndex | None = None
     generation: GeneratorSetup | None = None
     generation_error: str = "generation is not set up on this server"
+    tracer: Tracer = NO_TRACER
+    metrics: ServiceMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = ServiceMetrics(lambda: {"in_flight": self.in_flight, "pipeline": self.pipeline})
+        if self.pipeline is not None:
+            self.metrics.watch_batchers(self.pipeline)
+
+    def attach(self, pipeline: Pipeline, live: LiveIndex | None = None) -> None:
+        """Serve ``pipeline`` (and accept writes through ``live``), with its batches and rebuilds in the metrics."""
+        self.metrics.watch_batchers(pipeline)
+        if live is not None:
+            live.on_rebuild(self.metrics.observe_rebuild)
+            self.live = live
+        self.pipeline = pipeline
 
 
 def _ranks(result: SearchResult, doc: int) -> list[pb.StageScore]:
@@ -203,6 +226,29 @@ class RetrieverService(pb_grpc.RetrieverServicer):
             await context.abort(code, f"internal error (request id {request_id})")
         await context.abort(code, str(exc))
 
+    @contextlib.contextmanager
+    def _rpc(self, method: str, request_id: str, **attributes: object):
+        """The call's server span (current, so the pipeline's spans nest under it) and its metrics: duration and
+        status code. The handler's exceptions pass through (``_fail`` maps them outside)."""
+        t0 = time.perf_counter()
+        code = "OK"
+        with self.state.tracer.start_as_current_span(
+                f"hybridrag.{method}", kind=SpanKind.SERVER, record_exception=False, set_status_on_exception=False,
+                attributes={"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method,
+                            "hybridrag.request_id": request_id, **attributes}) as span:
+            try:
+                yield span
+            except (asyncio.CancelledError, GeneratorExit):
+                code = "CANCELLED"
+                raise
+            except BaseException as e:
+                code = status_for(e).name
+                set_error(span, e)
+                raise
+            finally:
+                span.set_attribute("rpc.grpc.status_code", getattr(grpc.StatusCode, code).value[0])
+                self.state.metrics.observe_rpc(method, code, time.perf_counter() - t0)
+
     # ------------------------------------------------------------------ RPCs
 
     @contextlib.contextmanager
@@ -241,12 +287,15 @@ class RetrieverService(pb_grpc.RetrieverServicer):
         context.set_trailing_metadata((("x-request-id", request_id),))
         t0 = time.perf_counter()
         try:
-            with self._admitted(context) as deadline:
-                self._authorize(context, request.tenant)
-                pipeline = self._pipeline()
-                options = self._search_options(request, pipeline)
-                result = await pipeline.search_async(request.query, request.top_k or 10, deadline=deadline, **options)
-            response = to_response(pipeline, result, request_id)
+            with self._rpc("Retrieve", request_id, tenant=request.tenant, top_k=request.top_k):
+                with self._admitted(context) as deadline:
+                    self._authorize(context, request.tenant)
+                    pipeline = self._pipeline()
+                    options = self._search_options(request, pipeline)
+                    result = await pipeline.search_async(request.query, request.top_k or 10, deadline=deadline,
+                                                         **options)
+                self.state.metrics.observe_search(result)
+                response = to_response(pipeline, result, request_id)
             log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms,
                       extra={"request_id": request_id, "timings_ms": result.timings_ms})
             return response
@@ -265,37 +314,47 @@ class RetrieverService(pb_grpc.RetrieverServicer):
         context.set_trailing_metadata((("x-request-id", request_id),))
         t0 = time.perf_counter()
         try:
-            with self._admitted(context) as deadline:
-                r = request.retrieve
-                self._authorize(context, r.tenant)
-                pipeline = self._pipeline()
-                options = self._search_options(r, pipeline)
-                if self.state.generation is None:
-                    raise BackendUnavailable(self.state.generation_error)
-                generator = self.state.generation.generator
-                if request.max_tokens < 0:
-                    raise InvalidRequest(f"max_tokens must be in [1, {generator.config.max_tokens_limit}] "
-                                         f"(0 = default), got {request.max_tokens}")
-                events = generator.generate(r.query, k=r.top_k, max_tokens=request.max_tokens, deadline=deadline,
-                                            **options)
-                try:
-                    async for event in events:
-                        if isinstance(event, Token):
-                            yield pb.GenerateResponse(token=event.text)
-                        elif isinstance(event, Passages):
-                            yield pb.GenerateResponse(passages=to_response(pipeline, event.result, request_id))
-                        elif isinstance(event, Stats):
-                            yield pb.GenerateResponse(stats=pb.GenerateStats(
-                                retrieval_ms=event.retrieval_ms, time_to_first_token_ms=event.time_to_first_token_ms,
-                                generation_ms=event.generation_ms, tokens_in=event.tokens_in, tokens_out=event.tokens_out,
-                                model=event.model, cache_hit=event.cache_hit, route=event.route,
-                                passages_in_prompt=event.passages_in_prompt, context_truncated=event.context_truncated,
-                                finish_reason=event.finish_reason))
-                            log.info("request %s: answered by %s (%s) in %.0f ms, %d tokens out%s", request_id, event.model,
-                                     event.route, (time.perf_counter() - t0) * 1000, event.tokens_out,
-                                     " (cache hit)" if event.cache_hit else "", extra={"request_id": request_id})
-                finally:
-                    await events.aclose()  # closes the backend's HTTP stream now, also on cancellation
+            with self._rpc("Generate", request_id, tenant=request.retrieve.tenant) as rpc_span:
+                with self._admitted(context) as deadline:
+                    r = request.retrieve
+                    self._authorize(context, r.tenant)
+                    pipeline = self._pipeline()
+                    options = self._search_options(r, pipeline)
+                    if self.state.generation is None:
+                        raise BackendUnavailable(self.state.generation_error)
+                    generator = self.state.generation.generator
+                    if request.max_tokens < 0:
+                        raise InvalidRequest(f"max_tokens must be in [1, {generator.config.max_tokens_limit}] "
+                                             f"(0 = default), got {request.max_tokens}")
+                    events = generator.generate(r.query, k=r.top_k, max_tokens=request.max_tokens, deadline=deadline,
+                                                **options)
+                    llm_span = None
+                    try:
+                        async for event in events:
+                            if isinstance(event, Token):
+                                yield pb.GenerateResponse(token=event.text)
+                            elif isinstance(event, Passages):
+                                self.state.metrics.observe_search(event.result)
+                                yield pb.GenerateResponse(passages=to_response(pipeline, event.result, request_id))
+                                llm_span = self.state.tracer.start_span(
+                                    "hybridrag.llm", context=otel_context.get_current())
+                            elif isinstance(event, Stats):
+                                yield pb.GenerateResponse(stats=self._stats(event))
+                                self._generated(event, llm_span, rpc_span)
+                                if llm_span is not None:
+                                    llm_span.end()
+                                    llm_span = None
+                                log.info("request %s: answered by %s (%s) in %.0f ms, %d tokens out%s", request_id,
+                                         event.model, event.route, (time.perf_counter() - t0) * 1000, event.tokens_out,
+                                         " (cache hit)" if event.cache_hit else "", extra={"request_id": request_id})
+                    except BaseException as e:
+                        if llm_span is not None:
+                            set_error(llm_span, e)
+                        raise
+                    finally:
+                        if llm_span is not None:
+                            llm_span.end()
+                        await events.aclose()  # closes the backend's HTTP stream now, also on cancellation
         except asyncio.CancelledError:
             log.info("generate %s cancelled by the client after %.1f ms", request_id, (time.perf_counter() - t0) * 1000,
                      extra={"request_id": request_id})
@@ -303,10 +362,33 @@ class RetrieverService(pb_grpc.RetrieverServicer):
         except Exception as e:  # noqa: BLE001
             await self._fail(context, e, request_id)
 
+    @staticmethod
+    def _stats(event: Stats) -> pb.GenerateStats:
+        return pb.GenerateStats(
+            retrieval_ms=event.retrieval_ms, time_to_first_token_ms=event.time_to_first_token_ms,
+            generation_ms=event.generation_ms, tokens_in=event.tokens_in, tokens_out=event.tokens_out,
+            model=event.model, cache_hit=event.cache_hit, route=event.route,
+            passages_in_prompt=event.passages_in_prompt, context_truncated=event.context_truncated,
+            finish_reason=event.finish_reason)
+
+    def _generated(self, event: Stats, llm_span, rpc_span) -> None:
+        """Metrics and span attributes of a finished answer (a cached answer generated nothing: no LLM figures)."""
+        rpc_span.set_attribute("hybridrag.cache_hit", event.cache_hit)
+        if llm_span is not None:
+            llm_span.set_attributes({"gen_ai.request.model": event.model, "hybridrag.route": event.route,
+                                     "gen_ai.usage.input_tokens": event.tokens_in,
+                                     "gen_ai.usage.output_tokens": event.tokens_out,
+                                     "hybridrag.time_to_first_token_ms": event.time_to_first_token_ms,
+                                     "hybridrag.cache_hit": event.cache_hit, "hybridrag.finish_reason": event.finish_reason})
+        if not event.cache_hit:
+            self.state.metrics.observe_generation(event.time_to_first_token_ms / 1000.0, event.tokens_in,
+                                                  event.tokens_out)
+
     async def GetIndexStatus(self, request: pb.GetIndexStatusRequest, context: grpc.aio.ServicerContext) -> pb.IndexStatus:
         try:
-            self._authenticate(context)  # status is not tenant data: any valid key may read it
-            pipeline = self._pipeline()
+            with self._rpc("GetIndexStatus", "status"):
+                self._authenticate(context)  # status is not tenant data: any valid key may read it
+                pipeline = self._pipeline()
         except Exception as e:  # noqa: BLE001
             await self._fail(context, e, "status")
             raise
@@ -333,17 +415,18 @@ class RetrieverService(pb_grpc.RetrieverServicer):
     async def Upsert(self, request: pb.UpsertRequest, context: grpc.aio.ServicerContext) -> pb.UpsertResponse:
         request_id = uuid.uuid4().hex[:16]
         try:
-            live = self._live()
-            for i, d in enumerate(request.documents):
-                self._authorize(context, d.tenant)
-                if not d.id:
-                    raise InvalidRequest(f"document {i}: 'id' must be a non-empty string")
-            docs = [{"_id": d.id, "title": d.title, "text": d.text, "tenant": d.tenant, "metadata": dict(d.metadata)}
-                    for d in request.documents]
-            result = await asyncio.get_running_loop().run_in_executor(None, live.upsert, docs)
-            log.info("request %s: upserted %d documents (seq %d)", request_id, result.count, result.seq,
-                     extra={"request_id": request_id})
-            return pb.UpsertResponse(sequence=result.seq, upserted=result.count)
+            with self._rpc("Upsert", request_id):
+                live = self._live()
+                for i, d in enumerate(request.documents):
+                    self._authorize(context, d.tenant)
+                    if not d.id:
+                        raise InvalidRequest(f"document {i}: 'id' must be a non-empty string")
+                docs = [{"_id": d.id, "title": d.title, "text": d.text, "tenant": d.tenant, "metadata": dict(d.metadata)}
+                        for d in request.documents]
+                result = await asyncio.get_running_loop().run_in_executor(None, live.upsert, docs)
+                log.info("request %s: upserted %d documents (seq %d)", request_id, result.count, result.seq,
+                         extra={"request_id": request_id})
+                return pb.UpsertResponse(sequence=result.seq, upserted=result.count)
         except Exception as e:  # noqa: BLE001
             await self._fail(context, e, request_id)
             raise
@@ -351,16 +434,17 @@ class RetrieverService(pb_grpc.RetrieverServicer):
     async def Rebuild(self, request: pb.RebuildRequest, context: grpc.aio.ServicerContext) -> pb.RebuildResponse:
         request_id = uuid.uuid4().hex[:16]
         try:
-            live = self._live()
-            if self.state.api_keys:
-                tenants = self._authenticate(context)
-                if tenants is not None and ALL_TENANTS not in tenants:
-                    raise PermissionDenied("rebuilding the index needs a key for all tenants ('*')")
-            t = time.perf_counter()
-            await asyncio.get_running_loop().run_in_executor(None, live.rebuild)
-            view = live.view
-            return pb.RebuildResponse(generation=view.generation, covered_sequence=int(view.snapshot.manifest["covered_seq"]),
-                                      seconds=time.perf_counter() - t, still_buffered=view.buffered)
+            with self._rpc("Rebuild", request_id):
+                live = self._live()
+                if self.state.api_keys:
+                    tenants = self._authenticate(context)
+                    if tenants is not None and ALL_TENANTS not in tenants:
+                        raise PermissionDenied("rebuilding the index needs a key for all tenants ('*')")
+                t = time.perf_counter()
+                await asyncio.get_running_loop().run_in_executor(None, live.rebuild)
+                view = live.view
+                return pb.RebuildResponse(generation=view.generation, covered_sequence=int(view.snapshot.manifest["covered_seq"]),
+                                          seconds=time.perf_counter() - t, still_buffered=view.buffered)
         except Exception as e:  # noqa: BLE001
             await self._fail(context, e, request_id)
             raise
@@ -368,12 +452,13 @@ class RetrieverService(pb_grpc.RetrieverServicer):
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
         request_id = uuid.uuid4().hex[:16]
         try:
-            live = self._live()
-            if self.state.api_keys:
-                self._authorize(context, request.tenant)
-            result = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: live.delete(list(request.ids), tenant=request.tenant or None))
-            return pb.DeleteResponse(sequence=result.seq, deleted=result.count)
+            with self._rpc("Delete", request_id):
+                live = self._live()
+                if self.state.api_keys:
+                    self._authorize(context, request.tenant)
+                result = await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: live.delete(list(request.ids), tenant=request.tenant or None))
+                return pb.DeleteResponse(sequence=result.seq, deleted=result.count)
         except Exception as e:  # noqa: BLE001
             await self._fail(context, e, request_id)
             raise
@@ -391,23 +476,33 @@ class RunningServer:
         for name in ("", SERVICE):
             await self.health.set(name, status)
 
+    @property
+    def metrics_port(self) -> int | None:
+        """The port of ``/metrics`` (None when the HTTP endpoint is off)."""
+        return self.state.metrics.port
+
     async def stop(self, grace_s: float) -> None:
-        """Health NOT_SERVING, refuse new calls, let in-flight ones finish within ``grace_s``."""
+        """Health NOT_SERVING, refuse new calls, let in-flight ones finish within ``grace_s``; then ``/metrics``
+        closes."""
         await self.set_serving(False)
         await self.server.stop(grace_s)
+        self.state.metrics.close()
 
 
 async def create_server(config: ServerConfig, pipeline: Pipeline | None = None,
                         api_keys: Mapping[str, frozenset[str]] | None = None,
-                        generation: GeneratorSetup | None = None) -> RunningServer:
+                        generation: GeneratorSetup | None = None, *, metrics: MetricsConfig | None = None,
+                        tracer: Tracer = NO_TRACER) -> RunningServer:
     """Build and start a server (port 0 picks a free one). Health is NOT_SERVING until a pipeline is set and
-    :meth:`RunningServer.set_serving` is called (``serve`` does both once the index and models are loaded)."""
+    :meth:`RunningServer.set_serving` is called (``serve`` does both once the index and models are loaded).
+    ``metrics``: where to serve ``/metrics`` (None: metrics are kept, not served); ``tracer``: the server spans'
+    (the pipeline has its own, normally the same)."""
     limit = config.max_message_mb * 2**20
     server = grpc.aio.server(options=[("grpc.max_send_message_length", limit),
                                       ("grpc.max_receive_message_length", limit),
                                       ("grpc.so_reuseport", 0)])
     state = ServiceState(pipeline=pipeline, api_keys=dict(api_keys or load_api_keys(config.api_keys_file)),
-                         generation=generation)
+                         generation=generation, tracer=tracer)
     pb_grpc.add_RetrieverServicer_to_server(RetrieverService(state, config), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -421,6 +516,12 @@ async def create_server(config: ServerConfig, pipeline: Pipeline | None = None,
     if port == 0:
         raise ConfigError(f"cannot listen on {address}")
     await server.start()
+    if metrics is not None:
+        try:
+            state.metrics.start_http(metrics)
+        except OSError as e:
+            await server.stop(0)
+            raise ConfigError(f"cannot serve metrics on {metrics.host}:{metrics.port}: {e}") from e
     running = RunningServer(server, port, health_servicer, state)
     await running.set_serving(False)
     return running
@@ -431,11 +532,13 @@ class BackgroundServer:
     in a synchronous program). ``target`` is its ``host:port``."""
 
     def __init__(self, pipeline: Pipeline | None, config: ServerConfig,
-                 api_keys: Mapping[str, frozenset[str]] | None = None, generation: GeneratorSetup | None = None) -> None:
+                 api_keys: Mapping[str, frozenset[str]] | None = None, generation: GeneratorSetup | None = None, *,
+                 metrics: MetricsConfig | None = None, tracer: Tracer = NO_TRACER) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="hybridrag-server", daemon=True)
         self.thread.start()
-        self.running: RunningServer = self.run(create_server(config, pipeline, api_keys, generation))
+        self.running: RunningServer = self.run(create_server(config, pipeline, api_keys, generation, metrics=metrics,
+                                                             tracer=tracer))
         self.run(self.running.set_serving(True))
         self.target = f"{config.host}:{self.running.port}"
 
@@ -462,15 +565,18 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
     """Listen at once (health NOT_SERVING), load the index and models, turn SERVING, serve until SIGTERM/SIGINT,
     then drain gracefully."""
     config = app_config.server
-    running = await create_server(config, api_keys=api_keys)
-    log.info("hybridrag listening on %s:%d (loading the index)", config.host, running.port)
+    tracing: Tracing = make_tracing(app_config.tracing)
+    running = await create_server(config, api_keys=api_keys, metrics=app_config.metrics, tracer=tracing.tracer)
+    log.info("hybridrag listening on %s:%d (loading the index); metrics on %s", config.host, running.port,
+             f"{app_config.metrics.host}:{running.metrics_port}/metrics" if running.metrics_port else "no HTTP port")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     pipeline = None
+    live = None
     try:
-        pipeline = await loop.run_in_executor(None, Pipeline.open, index_dir, app_config)
+        pipeline = await loop.run_in_executor(None, Pipeline.open, index_dir, app_config, tracing.tracer)
         if store_path is not None:
             store = DocumentStore(store_path)
             live = await loop.run_in_executor(None, LiveIndex, pipeline.index, store, pipeline.embedder,
@@ -479,7 +585,6 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
             if pipeline.cache is not None:
                 live.on_write(pipeline.cache.invalidate_docs)
             live.start_auto_rebuild()
-            running.state.live = live
         try:
             setup = await loop.run_in_executor(None, open_generator, pipeline, app_config.generation, pipeline.cache)
             running.state.generation = setup
@@ -489,7 +594,7 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
         except HybridRagError as e:  # Retrieve serves without it; Generate answers UNAVAILABLE with the reason
             running.state.generation_error = f"generation is unavailable: {e}"
             log.warning("%s", running.state.generation_error)
-        running.state.pipeline = pipeline
+        running.state.attach(pipeline, live)
         await running.set_serving(True)
         log.info("hybridrag serving %s (generation %d) on port %d", index_dir, pipeline.index.generation, running.port)
         await stop.wait()
@@ -498,7 +603,8 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
         await running.stop(config.grace_s)
         if running.state.generation is not None:
             await running.state.generation.aclose()
-        if running.state.live is not None:
-            running.state.live.close()
+        if live is not None:
+            live.close()
         if pipeline is not None:
             pipeline.close()
+        tracing.shutdown()  # flushes the spans still batched for the exporter

@@ -11,6 +11,7 @@ import time
 
 import grpc
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from retrieval.api import retriever_pb2 as pb
 from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
@@ -22,6 +23,7 @@ from retrieval.pipeline import Pipeline
 from retrieval.prompt import ContextPassage, build_prompt, make_counter
 from retrieval.semantic_cache import SemanticCache
 from retrieval.server import BackgroundServer
+from retrieval.tracing import TracingConfig, make_tracing
 
 QUESTION = "Why do noodles take longer to boil at high elevation?"
 NO_RETRY = ClientOptions(retry=RetryPolicy(attempts=1), timeout=120)
@@ -39,8 +41,17 @@ def gguf_counter():
 
 
 @pytest.fixture(scope="module")
-def gen_pipeline(sample_index, embedder, config):
-    p = Pipeline(sample_index, embedder, config, cache=SemanticCache(config.cache))
+def spans():
+    """The spans of this module's server and pipeline (an in-memory exporter)."""
+    exporter = InMemorySpanExporter()
+    tracing = make_tracing(TracingConfig(), exporter=exporter)
+    yield tracing.tracer, exporter
+    tracing.shutdown()
+
+
+@pytest.fixture(scope="module")
+def gen_pipeline(sample_index, embedder, config, spans):
+    p = Pipeline(sample_index, embedder, config, cache=SemanticCache(config.cache), tracer=spans[0])
     yield p
     p.close()
 
@@ -51,9 +62,9 @@ def _setup(pipeline: Pipeline, backend: BackendConfig, **over) -> GeneratorSetup
 
 
 @pytest.fixture(scope="module")
-def server(gen_pipeline, llm):
+def server(gen_pipeline, llm, spans):
     setup = _setup(gen_pipeline, BackendConfig(base_url=llm.base_url, model="smollm2"))
-    s = BackgroundServer(gen_pipeline, ServerConfig(port=0), generation=setup)
+    s = BackgroundServer(gen_pipeline, ServerConfig(port=0), generation=setup, tracer=spans[0])
     yield s
     s.stop()
 
@@ -99,7 +110,8 @@ def test_prompt_puts_the_fixed_part_first_and_cuts_at_token_boundaries(gguf_coun
     assert gguf_counter._ids(cut) == ids[:len(gguf_counter._ids(cut))]
 
 
-def test_generate_streams_passages_then_tokens_then_stats(server, gen_pipeline):
+def test_generate_streams_passages_then_tokens_then_stats(server, gen_pipeline, spans):
+    spans[1].clear()
     with RetrieverClient(server.target, NO_RETRY) as c:
         msgs, err = _stream(c.generate(QUESTION, 3, max_tokens=24, bypass_cache=True))
         retrieved = c.retrieve(QUESTION, 3, bypass_cache=True)
@@ -113,6 +125,17 @@ def test_generate_streams_passages_then_tokens_then_stats(server, gen_pipeline):
     assert s.model == "smollm2" and s.route == "default" and not s.cache_hit and s.passages_in_prompt == 3
     assert 0 < s.tokens_out <= 24 and s.tokens_in > 50 and s.finish_reason in ("stop", "length")
     assert 0 < s.time_to_first_token_ms <= s.generation_ms and s.retrieval_ms > 0
+    # The trace: Generate > (search > stages), llm; the metrics: one generation observed.
+    finished = spans[1].get_finished_spans()
+    (root,) = [sp for sp in finished if sp.name == "hybridrag.Generate"]
+    (llm,) = [sp for sp in finished if sp.name == "hybridrag.llm"]
+    search = next(sp for sp in finished if sp.name == "hybridrag.search" and sp.parent.span_id == root.context.span_id)
+    assert llm.parent.span_id == root.context.span_id and llm.start_time >= search.end_time
+    assert llm.attributes["gen_ai.usage.output_tokens"] == s.tokens_out and llm.attributes["gen_ai.request.model"] == "smollm2"
+    assert root.attributes["hybridrag.request_id"] == msgs[0].passages.request_id
+    metric = server.running.state.metrics.registry.get_sample_value
+    assert metric("hybridrag_generate_first_token_seconds_count") >= 1
+    assert metric("hybridrag_requests_total", {"method": "Generate", "code": "OK"}) >= 1
 
 
 def test_the_answer_cache_serves_a_repeat_and_a_paraphrase(server):
@@ -191,7 +214,7 @@ def test_routing_sends_short_questions_to_the_small_model(gen_pipeline, llm):
 def test_serve_answers_generate_with_the_embedded_default(sample_index_dir):
     """``hybridrag serve`` with no backend configured starts its own llama.cpp server and answers Generate."""
     proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "serve", "--index", str(sample_index_dir),
-                             "--port", "0"], stderr=subprocess.PIPE, text=True)
+                             "--port", "0", "--metrics-port", "0"], stderr=subprocess.PIPE, text=True)
     try:
         port = None
         for line in proc.stderr:

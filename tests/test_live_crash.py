@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def start(index: Path, store: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "serve", "--index", str(index), "--store", str(store),
-                             "--port", "0"], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                             "--port", "0", "--metrics-port", "0"], cwd=REPO, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "HYBRIDRAG_LIVE__REBUILD_AFTER_S": "0",
                                  "HYBRIDRAG_LIVE__REBUILD_AFTER_WRITES": "0"})  # rebuilds only when asked
     lines = []

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -276,7 +277,7 @@ def test_serve_command_loads_serves_and_drains_on_sigterm(sample_index_dir):
     import sys
 
     proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "serve", "--index", str(sample_index_dir),
-                             "--port", "0"], stderr=subprocess.PIPE, text=True)
+                             "--port", "0", "--metrics-port", "0"], stderr=subprocess.PIPE, text=True)
     try:
         port = None
         lines = []
@@ -288,11 +289,15 @@ def test_serve_command_loads_serves_and_drains_on_sigterm(sample_index_dir):
                 break
         assert port, "".join(lines)
         assert any("listening" in ln for ln in lines)  # it listened (NOT_SERVING) before the index was loaded
+        metrics_url = "http://" + re.search(r"metrics on (\S+/metrics)", "".join(lines)).group(1)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=SERVICE)).status
             assert status == health_pb2.HealthCheckResponse.SERVING
         with RetrieverClient(f"127.0.0.1:{port}", ClientOptions(retry=NO_RETRY)) as c:
             assert len(c.retrieve("how do bees find flowers", 3).passages) == 3
+        text = httpx.get(metrics_url, timeout=10).text  # the served process's own /metrics
+        assert 'hybridrag_requests_total{code="OK",method="Retrieve"} 1.0' in text
+        assert 'hybridrag_stage_duration_seconds_count{stage="dense"} 1.0' in text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert "draining" in proc.stderr.read()
@@ -369,12 +374,18 @@ def test_rebuild_call_and_bm25_fallback_after_a_restart_without_hnsw(tmp_path, w
 
     store, seq, p, live = _writable(writable, config, embedder)
     s = BackgroundServer(p, ServerConfig(port=0))
-    s.running.state.live = live
+    s.running.state.attach(p, live)
+    metric = s.running.state.metrics.registry.get_sample_value
     try:
         with _client(s) as c:
             c.upsert([pb.Document(id="new-1", tenant="acme", text="Axolotls regrow whole limbs from a blastema.")])
+            assert metric("hybridrag_buffered_writes") == 1 and metric("hybridrag_index_generation") == 1
             r = c.rebuild()
             assert r.generation == 2 and r.covered_sequence == seq + 1 and r.still_buffered == 0
+            assert metric("hybridrag_rebuilds_total", {"outcome": "ok"}) == 1
+            assert metric("hybridrag_rebuild_duration_seconds_count") == 1
+            assert metric("hybridrag_buffered_writes") == 0 and metric("hybridrag_index_generation") == 2
+            assert metric("hybridrag_requests_total", {"method": "Rebuild", "code": "OK"}) == 1
             assert c.retrieve("axolotl limbs blastema", 1).passages[0].doc_id == "new-1"
     finally:
         s.stop()
