@@ -140,3 +140,38 @@ def pb_request(query: str):
     from retrieval.api import retriever_pb2 as pb
 
     return pb.RetrieveRequest(query=query, top_k=5, bypass_cache=True)
+
+
+def test_otlp_exporter_delivers_the_spans_over_http(sample_index, embedder, config, sample_queries):
+    """``exporter = "otlp"``: the spans reach an OTLP/HTTP receiver on loopback (decoded with the OTLP protobufs)."""
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received: list[str] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802  (http.server's naming)
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            request = ExportTraceServiceRequest.FromString(body)
+            received.extend(sp.name for rs in request.resource_spans for ss in rs.scope_spans for sp in ss.spans)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    tracing = make_tracing(TracingConfig(exporter="otlp", otlp_endpoint=f"http://127.0.0.1:{httpd.server_port}/v1/traces"))
+    p = Pipeline(sample_index, embedder, config, tracer=tracing.tracer)
+    try:
+        with BackgroundServer(p, ServerConfig(port=0), tracer=tracing.tracer) as s, RetrieverClient(s.target, NO_RETRY) as c:
+            c.retrieve(next(iter(sample_queries.values())), 3)
+        tracing.shutdown()  # flushes the batch processor
+    finally:
+        p.close()
+        httpd.shutdown()
+    assert {"hybridrag.Retrieve", "hybridrag.search", "hybridrag.bm25", "hybridrag.dense"} <= set(received)
