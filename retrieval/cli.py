@@ -1,4 +1,4 @@
-"""``hybridrag`` command line: build, eval, search, quickstart.
+"""``hybridrag`` command line: build, eval, search, serve, query, ask, quickstart, bench load.
 
 The edge of the program: only here are arguments parsed, config files and the environment read, and logging set.
 """
@@ -288,6 +288,20 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_load(args: argparse.Namespace) -> int:
+    """The load benchmark (``bench/load.py`` in the checkout): its own options follow ``bench load``."""
+    try:
+        import bench.load
+    except ModuleNotFoundError as e:
+        repo = Path(__file__).resolve().parent.parent  # an editable install: bench/ sits beside retrieval/
+        if e.name not in ("bench", "bench.load") or not (repo / "bench" / "load.py").is_file():
+            print("hybridrag bench load: needs the repository checkout (bench/ is not installed)", file=sys.stderr)
+            return 2
+        sys.path.insert(0, str(repo))
+        import bench.load
+    return bench.load.main(args.bench_args, prog="hybridrag bench load")
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """Build the bundled sample corpus's index, answer a few of its queries, then generate one answer with the
     embedded llama.cpp server (when it is installed)."""
@@ -441,6 +455,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(r)
     r.set_defaults(func=cmd_index_rebuild)
 
+    p = sub.add_parser("bench", help="benchmarks (from the repository checkout)")
+    bsub = p.add_subparsers(dest="bench_command", required=True)
+    q = bsub.add_parser("load", add_help=False, help="load benchmark over gRPC: closed and open loop, client check, "
+                                                     "nDCG@10, naive baseline (options: hybridrag bench load --help)")
+    q.set_defaults(func=cmd_bench_load, verbose=False, bench_args=[])
+
     p = sub.add_parser("quickstart", help="build the sample corpus index, answer sample queries, generate an answer")
     p.add_argument("--out", default="indexes/sample")
     p.add_argument("--no-generate", action="store_true", help="skip the generated answer (embedded llama.cpp)")
@@ -450,7 +470,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not hasattr(args, "bench_args"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if hasattr(args, "bench_args"):  # a benchmark parses its own options
+        args.bench_args = extra
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import bm25s  # noqa: F401  (it sets its own logger to DEBUG when imported: import first, then quieten)

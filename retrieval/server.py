@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -156,23 +157,28 @@ class ServiceState:
         self.pipeline = pipeline
 
 
-def _ranks(result: SearchResult, doc: int) -> list[pb.StageScore]:
-    out = []
+def _stage_ranks(result: SearchResult, docs: list[int]) -> dict[int, list[pb.StageScore]]:
+    """Each returned document's rank and score in every stage's list (one pass over each list)."""
+    wanted = set(docs)
+    out: dict[int, list[pb.StageScore]] = {d: [] for d in docs}
     for stage, hits in result.stages.items():
-        where = (hits.doc == doc).nonzero()[0]
-        if len(where):
-            i = int(where[0])
-            out.append(pb.StageScore(stage=stage, rank=i + 1, score=float(hits.scores[i])))
+        seen: set[int] = set()
+        for i, (d, score) in enumerate(zip(hits.doc.tolist(), hits.scores.tolist(), strict=True)):
+            if d in wanted and d not in seen:  # the first (best) place of the document in this stage
+                seen.add(d)
+                out[d].append(pb.StageScore(stage=stage, rank=i + 1, score=float(score)))
     return out
 
 
 def to_response(pipeline: Pipeline, result: SearchResult, request_id: str) -> pb.RetrieveResponse:
     index = result.index  # the generation that served the request (a swap may have happened since)
     passages = []
-    for d, s, c in zip(result.hits.doc.tolist(), result.hits.scores.tolist(), result.hits.chunk.tolist(), strict=True):
+    docs = result.hits.doc.tolist()
+    ranks = _stage_ranks(result, docs)
+    for d, s, c in zip(docs, result.hits.scores.tolist(), result.hits.chunk.tolist(), strict=True):
         doc = index.documents[d]
         passages.append(pb.Passage(doc_id=doc.id, chunk_id=int(c), title=doc.title, text=index.passage(int(c)),
-                                   score=float(s), stages=_ranks(result, d), tenant=doc.tenant,
+                                   score=float(s), stages=ranks[d], tenant=doc.tenant,
                                    metadata={k: str(v) for k, v in doc.metadata.items()}))
     return pb.RetrieveResponse(
         passages=passages, timings_ms={k: float(v) for k, v in result.timings_ms.items()},
@@ -565,6 +571,8 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
     """Listen at once (health NOT_SERVING), load the index and models, turn SERVING, serve until SIGTERM/SIGINT,
     then drain gracefully."""
     config = app_config.server
+    if config.switch_interval_ms > 0:  # process-wide, so set here at the edge (see ServerConfig)
+        sys.setswitchinterval(config.switch_interval_ms / 1000.0)
     tracing: Tracing = make_tracing(app_config.tracing)
     running = await create_server(config, api_keys=api_keys, metrics=app_config.metrics, tracer=tracing.tracer)
     log.info("hybridrag listening on %s:%d (loading the index); metrics on %s", config.host, running.port,

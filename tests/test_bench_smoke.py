@@ -76,3 +76,41 @@ def test_generate_bench_smoke(tmp_path, sample_index_dir):
     assert cache["retrieve_cached"]["repeat"]["hit_rate"] == 1.0 and cache["retrieve_uncached"]["all"]["hit_rate"] == 0
     assert cache["generate_cached"]["repeat"]["hit_rate"] == 1.0
     assert entry["retrieve_under_generate"]["nice_10"]["n"] > 0
+
+
+def test_load_bench_smoke(tmp_path, sample_index_dir):
+    """Spawned server, two closed-loop levels, one open-loop rate: every figure present, nothing refused."""
+    from bench.load import main
+
+    out, plots = tmp_path / "bench.json", tmp_path / "plots"
+    assert main(["--index", str(sample_index_dir), "--dataset", str(REPO / "data" / "sample"), "--concurrency", "1,2",
+                 "--duration", "1", "--warmup", "0.5", "--calibration-seconds", "0.5", "--open-loop-rates", "5",
+                 "--no-baseline", "--json", str(out), "--plots", str(plots)]) == 0
+    (entry,) = json.loads(out.read_text())["load"].values()
+    assert entry["server"]["documents"] == 229
+    for level in ("1", "2"):
+        r = entry["closed_loop"][level]
+        assert r["ok"] > 0 and r["errors"] == {} and r["cache_hits"] == 0  # bypass_cache by default
+        assert {"bm25", "dense", "total"} <= set(r["stage_ms"]) and r["client_ceiling_qps"] > 0
+        assert r["client_cpu_util"] is not None and "client_headroom" in r
+    assert entry["ndcg@10"]["service_all"]["ndcg@10"] > 0 and entry["ndcg@10"]["service_all"]["queries"] > 0
+    o = entry["open_loop"]["5"]
+    assert o["sent"] == 5 and sum(o["status"].values()) == 5 and o["max_outstanding"] >= 1  # 5/s for 1 s, fixed
+    for name in ("load_sample.png", "load_sample_open.png"):
+        assert (plots / name).stat().st_size > 0
+
+
+def test_load_bench_open_loop_rejects_past_max_in_flight(tmp_path, sample_index_dir):
+    """A server admitting one request at a time, offered far more: some refused (RESOURCE_EXHAUSTED), some served."""
+    from bench.load import main
+
+    config = tmp_path / "one.toml"
+    config.write_text("[server]\nmax_in_flight = 1\n")
+    out = tmp_path / "bench.json"
+    assert main(["--index", str(sample_index_dir), "--config", str(config), "--dataset", str(REPO / "data" / "sample"),
+                 "--concurrency", "", "--duration", "1", "--warmup", "0.3", "--open-loop-rates", "150",
+                 "--no-baseline", "--json", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["load"].values()
+    status = entry["open_loop"]["150"]["status"]
+    assert status.get("RESOURCE_EXHAUSTED", 0) > 0 and status.get("OK", 0) > 0
+    assert entry["open_loop"]["150"]["rejected_p50_ms"] is not None
