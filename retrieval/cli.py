@@ -399,6 +399,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_models_parser(sub)
 
+    from training.cli import add_parser as add_train_parser  # the command's module imports torch only when run
+
+    add_train_parser(sub)
+
     p = sub.add_parser("serve", help="serve an index over gRPC (hybridrag.v1.Retriever, health, reflection)")
     p.add_argument("--index", required=True, help="index root (CURRENT -> snapshot)")
     p.add_argument("--port", type=int, help="listen port (default: [server] port, 50051; 0 = any free port)")

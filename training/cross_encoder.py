@@ -1,0 +1,160 @@
+"""``hybridrag train cross-encoder``: fine-tune a cross-encoder on a corpus's judgments and export it for serving.
+
+Model: ``BertForSequenceClassification`` with one logit, initialised from ``--init`` (default: the bundled
+all-MiniLM-L6-v2 weights; any local transformers folder), a new classification head. Pairs are
+``[CLS] query [SEP] passage [SEP]``, passage = title + text, truncated on the passage side to ``max_length`` (the
+serving side's convention, :class:`index_builder.models.CrossEncoder`).
+
+Loss: listwise softmax cross-entropy: per group (query, positive, hard and random negatives; see
+:mod:`training.data`) the positive's log-probability among the group's logits. In-batch negatives: the other
+groups' positives in the step are added to each group (``in_batch``). AdamW, linear warm-up then linear decay,
+a fixed seed. Every ``eval_every`` steps the model reranks the top ``rerank_top`` of the served fused list of every
+dev query; nDCG@10 of that list against the fused list's is logged, the best state is kept, and training stops
+after ``patience`` evaluations without a gain. The best state is exported (:mod:`training.export`).
+
+Needs torch and transformers (the ``bench`` extra); imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from retrieval.evaluate import evaluate
+from training.data import Group, TrainingData, fused_run, make_groups, rerank_run
+
+
+@dataclass(frozen=True)
+class CrossEncoderTrainConfig:
+    max_length: int = 128
+    hard_negatives: int = 7
+    random_negatives: int = 1
+    in_batch: bool = True
+    groups_per_step: int = 4
+    lr: float = 3e-5
+    head_lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup: float = 0.1  # share of the steps
+    epochs: float = 1.0
+    max_steps: int = 0  # 0 = from epochs
+    eval_every: int = 100
+    patience: int = 3
+    rerank_top: int = 5
+    seed: int = 13
+    threads: int = 0  # torch threads (0 = torch's default)
+
+
+def _pairs_logits(model, tokenizer, torch, queries: list[str], passages: list[str], max_length: int):
+    enc = tokenizer(queries, passages, truncation="only_second", max_length=max_length, padding=True,
+                    return_tensors="pt")
+    return model(**enc).logits.squeeze(-1)
+
+
+def score(model, tokenizer, torch, query: str, passages: list[str], max_length: int, batch: int = 32) -> list[float]:
+    model.eval()
+    out: list[float] = []
+    with torch.no_grad():
+        for i in range(0, len(passages), batch):
+            chunk = passages[i:i + batch]
+            out.extend(_pairs_logits(model, tokenizer, torch, [query] * len(chunk), chunk, max_length).tolist())
+    return out
+
+
+def dev_ndcg(model, tokenizer, torch, data: TrainingData, cfg: CrossEncoderTrainConfig) -> float:
+    scores = {qid: score(model, tokenizer, torch, data.queries[qid],
+                         [data.passages[d] for d in docs[:cfg.rerank_top]], cfg.max_length)
+              for qid, docs in data.dev_candidates.items()}
+    return evaluate(data.dev, rerank_run(data.dev_candidates, scores, cfg.rerank_top))["ndcg@10"]
+
+
+def step_loss(model, tokenizer, torch, groups: list[Group], data: TrainingData, cfg: CrossEncoderTrainConfig):
+    """Listwise softmax cross-entropy of one step's groups (positive at index 0 of each group's list)."""
+    lists = []
+    for g in groups:
+        docs = [g.positive, *g.negatives]
+        if cfg.in_batch:
+            docs += [o.positive for o in groups if o is not g and o.positive not in docs]
+        lists.append(docs)
+    width = min(len(d) for d in lists)  # equal widths: one logits matrix
+    queries = [g.query for g, docs in zip(groups, lists, strict=True) for _ in docs[:width]]
+    passages = [data.passages[d] for docs in lists for d in docs[:width]]
+    logits = _pairs_logits(model, tokenizer, torch, queries, passages, cfg.max_length).view(len(groups), width)
+    target = torch.zeros(len(groups), dtype=torch.long)
+    return torch.nn.functional.cross_entropy(logits, target)
+
+
+def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainConfig, *, progress: bool = True,
+                        log: list[dict[str, Any]] | None = None) -> tuple[Any, Any, dict[str, Any]]:
+    """Train; returns (best model, tokenizer, summary). ``data`` must be mined (:func:`training.data.mine`)."""
+    import torch
+    import transformers
+    from tqdm import tqdm
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(init), local_files_only=True)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(init), num_labels=1, local_files_only=True, attn_implementation="eager")
+    groups = make_groups(data, hard=cfg.hard_negatives, random_negatives=cfg.random_negatives, seed=cfg.seed)
+    if not groups:
+        raise ValueError("no training groups: no judged query has a positive in the corpus")
+    steps = cfg.max_steps or max(1, int(len(groups) * cfg.epochs / cfg.groups_per_step))
+    head = [p for n, p in model.named_parameters() if n.startswith(("classifier", "bert.pooler"))]
+    body = [p for n, p in model.named_parameters() if not n.startswith(("classifier", "bert.pooler"))]
+    optimizer = torch.optim.AdamW([{"params": body, "lr": cfg.lr}, {"params": head, "lr": cfg.head_lr}],
+                                  weight_decay=cfg.weight_decay)
+    warm = max(1, int(steps * cfg.warmup))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
+    log = log if log is not None else []
+    fused = evaluate(data.dev, fused_run(data.dev_candidates))["ndcg@10"] if data.dev_candidates else None
+    best = {"step": 0, "dev_ndcg@10": dev_ndcg(model, tokenizer, torch, data, cfg) if data.dev_candidates else None}
+    best_state = copy.deepcopy(model.state_dict())
+    log.append({"step": 0, "dev_ndcg@10": best["dev_ndcg@10"], "dev_fused_ndcg@10": fused})
+    stale, t0, losses = 0, time.perf_counter(), []
+    bar = tqdm(range(steps), desc="train cross-encoder", disable=not progress, file=sys.stderr)
+    for step in bar:
+        model.train()
+        batch = [groups[(step * cfg.groups_per_step + i) % len(groups)] for i in range(cfg.groups_per_step)]
+        loss = step_loss(model, tokenizer, torch, batch, data, cfg)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+        if data.dev_candidates and ((step + 1) % cfg.eval_every == 0 or step + 1 == steps):
+            ndcg = dev_ndcg(model, tokenizer, torch, data, cfg)
+            log.append({"step": step + 1, "loss": round(float(np.mean(losses[-cfg.eval_every:])), 5), "dev_ndcg@10": ndcg,
+                        "seconds": round(time.perf_counter() - t0, 1)})
+            if ndcg > best["dev_ndcg@10"]:
+                best, stale = {"step": step + 1, "dev_ndcg@10": ndcg}, 0
+                best_state = copy.deepcopy(model.state_dict())
+            else:
+                stale += 1
+                if stale >= cfg.patience:
+                    break
+    if data.dev_candidates:  # the best dev state; without a dev split, the last one
+        model.load_state_dict(best_state)
+    model.eval()
+    summary = {"config": asdict(cfg), "init": str(init), "groups": len(groups), "steps_planned": steps,
+               "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": best,
+               "dev_fused_ndcg@10": fused, "dev_queries": len(data.dev_candidates), "dev_source": data.dev_source,
+               "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": log}
+    return model, tokenizer, summary
+
+
+def write_log(out: Path, summary: dict[str, Any]) -> None:
+    (out / "train_log.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -1,0 +1,154 @@
+"""Training data for the rerankers, from a BEIR-layout corpus and its judgments.
+
+- Splits: training queries come from ``--split`` (default ``train``); the dev split used for evaluation and early
+  stopping is the dataset's ``qrels/dev.tsv`` when it has one, otherwise a fixed-seed share of the training
+  queries held out (SciFact has no dev split). The test split is never read here.
+- Hard negatives are mined with the project's own first stage over the index of that corpus: each training
+  query's BM25 and dense top ``depth`` lists (:class:`retrieval.pipeline.Pipeline`, the same code that serves),
+  minus every document judged relevant to that query in any split read. Random negatives are drawn from the whole
+  corpus with the same exclusion.
+- A training group is (query, one positive, hard negatives, random negatives): the listwise loss takes the
+  positive's softmax probability over its group.
+- The dev candidates are the served fused list (RRF of BM25 and dense) per dev query, so the evaluation measures
+  exactly what reranking that list would give.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from index_builder.corpus import read_corpus, resolve_corpus_path
+from index_builder.errors import CorpusError
+from retrieval.evaluate import Qrels, load_qrels, load_queries
+
+
+@dataclass(frozen=True)
+class Group:
+    query: str
+    positive: str  # doc id
+    negatives: tuple[str, ...]  # hard first, then random
+
+
+@dataclass
+class TrainingData:
+    passages: dict[str, str]  # doc id -> "title text"
+    queries: dict[str, str]
+    train: Qrels
+    dev: Qrels
+    dev_source: str  # "qrels/dev.tsv" or "held out from <split> (seed S, fraction F)"
+    mined: dict[str, list[str]] = field(default_factory=dict)  # query id -> hard negatives, best first
+    dev_candidates: dict[str, list[str]] = field(default_factory=dict)  # dev query id -> fused list, best first
+
+    def positives(self, qid: str) -> list[str]:
+        return [d for d, rel in self.train.get(qid, {}).items() if rel > 0]
+
+
+def passage_text(title: str, text: str) -> str:
+    return f"{title} {text}".strip() if title else text
+
+
+def load_training_data(dataset: Path, split: str = "train", *, dev_fraction: float = 0.2, seed: int = 13) -> TrainingData:
+    """Corpus, queries, training judgments and a dev split (the dataset's, or held out from ``split``)."""
+    dataset = Path(dataset)
+    if split == "test":
+        raise CorpusError("the test split is for the final evaluation only: train on 'train' (or 'dev')", path=str(dataset))
+    docs, _ = read_corpus(resolve_corpus_path(dataset))
+    passages = {d.id: passage_text(d.title, d.text) for d in docs}
+    queries = load_queries(dataset)
+    train = _judged(load_qrels(dataset, split))
+    if split != "dev" and (dataset / "qrels" / "dev.tsv").is_file():
+        dev, source = _judged(load_qrels(dataset, "dev")), "qrels/dev.tsv"
+    else:
+        ids = sorted(train)
+        random.Random(seed).shuffle(ids)
+        held = set(ids[: max(1, int(len(ids) * dev_fraction))])
+        dev = {q: train[q] for q in held}
+        train = {q: r for q, r in train.items() if q not in held}
+        source = f"held out from {split} (seed {seed}, fraction {dev_fraction})"
+    missing = [q for q in list(train) + list(dev) if q not in queries]
+    if missing:
+        raise CorpusError(f"{len(missing)} judged queries have no text in queries.jsonl (e.g. {missing[0]!r})",
+                          path=str(dataset))
+    return TrainingData(passages, queries, train, dev, source)
+
+
+def _judged(qrels: Qrels) -> Qrels:
+    """Only queries with at least one relevant document."""
+    return {q: docs for q, docs in qrels.items() if any(r > 0 for r in docs.values())}
+
+
+def mine(data: TrainingData, pipeline, *, depth: int = 30, dev_depth: int = 100, log_every: int = 0) -> None:
+    """Hard negatives for every training query and the fused candidate list of every dev query, from ``pipeline``
+    (the first stage over the index of this corpus). Fills ``data.mined`` and ``data.dev_candidates``."""
+    judged: dict[str, set[str]] = {}
+    for qrels in (data.train, data.dev):
+        for q, docs in qrels.items():
+            judged.setdefault(q, set()).update(d for d, r in docs.items() if r > 0)
+    index = pipeline.index
+    for i, qid in enumerate(sorted(data.train)):
+        result = pipeline.search(data.queries[qid], depth, stages=("bm25", "dense"), candidates=depth, use_cache=False)
+        seen: list[str] = []
+        for stage in ("bm25", "dense"):
+            for d in result.stages.get(stage, result.hits).doc.tolist():
+                doc_id = index.documents[d].id
+                if doc_id not in judged[qid] and doc_id not in seen:
+                    seen.append(doc_id)
+        data.mined[qid] = seen
+        if log_every and (i + 1) % log_every == 0:
+            print(f"mined {i + 1}/{len(data.train)} training queries", flush=True)
+    for qid in sorted(data.dev):
+        result = pipeline.search(data.queries[qid], dev_depth, stages=("bm25", "dense"), candidates=dev_depth,
+                                 use_cache=False)
+        data.dev_candidates[qid] = result.doc_ids()
+
+
+def make_groups(data: TrainingData, *, hard: int, random_negatives: int, seed: int) -> list[Group]:
+    """One group per (training query, positive): ``hard`` negatives sampled from the mined pool (the pool's top
+    half twice as likely) and ``random_negatives`` from the corpus, none judged relevant."""
+    rng = random.Random(seed)
+    doc_ids = sorted(data.passages)
+    groups = []
+    for qid in sorted(data.train):
+        pool = data.mined.get(qid, [])
+        relevant = set(data.positives(qid)) | {d for d, r in data.dev.get(qid, {}).items() if r > 0}
+        for pos in data.positives(qid):
+            if pos not in data.passages:
+                continue
+            weights = [2.0 if i < len(pool) // 2 else 1.0 for i in range(len(pool))]
+            negatives = _weighted_sample(pool, weights, min(hard, len(pool)), rng)
+            while len(negatives) < hard + random_negatives:
+                d = doc_ids[rng.randrange(len(doc_ids))]
+                if d not in relevant and d not in negatives:
+                    negatives.append(d)
+            groups.append(Group(data.queries[qid], pos, tuple(negatives)))
+    rng.shuffle(groups)
+    return groups
+
+
+def _weighted_sample(items: Sequence[str], weights: Sequence[float], k: int, rng: random.Random) -> list[str]:
+    items, weights = list(items), list(weights)
+    out = []
+    for _ in range(k):
+        i = rng.choices(range(len(items)), weights=weights)[0]
+        out.append(items.pop(i))
+        weights.pop(i)
+    return out
+
+
+def rerank_run(candidates: Mapping[str, list[str]], scores: Mapping[str, Sequence[float]],
+               top: int) -> dict[str, dict[str, float]]:
+    """A run where each query's first ``top`` candidates are reordered by ``scores`` and the rest keep their order
+    below them (what the cascade stage serves)."""
+    run = {}
+    for qid, docs in candidates.items():
+        head = sorted(zip(docs[:top], scores[qid], strict=True), key=lambda x: -x[1])
+        ordered = [d for d, _ in head] + docs[top:]
+        run[qid] = {d: float(len(ordered) - i) for i, d in enumerate(ordered)}
+    return run
+
+
+def fused_run(candidates: Mapping[str, list[str]]) -> dict[str, dict[str, float]]:
+    return {qid: {d: float(len(docs) - i) for i, d in enumerate(docs)} for qid, docs in candidates.items()}
