@@ -139,6 +139,9 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
             ndcg = dev_ndcg(model, tokenizer, torch, data, cfg)
             log.append({"step": step + 1, "loss": round(float(np.mean(losses[-cfg.eval_every:])), 5), "dev_ndcg@10": ndcg,
                         "seconds": round(time.perf_counter() - t0, 1)})
+            if progress:
+                bar.write(f"step {step + 1}: dev nDCG@10 {ndcg:.4f} (fused {fused:.4f}, best {best['dev_ndcg@10']:.4f} "
+                          f"at step {best['step']})")
             if ndcg > best["dev_ndcg@10"]:
                 best, stale = {"step": step + 1, "dev_ndcg@10": ndcg}, 0
                 best_state = copy.deepcopy(model.state_dict())
