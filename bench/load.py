@@ -769,12 +769,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def load_query_list(dataset: str, split: str, limit: int) -> tuple[list[tuple[str, str]], dict]:
-    from retrieval.evaluate import load_qrels, load_queries
+    from retrieval.evaluate import judged_queries
 
-    qrels = load_qrels(Path(dataset), split)
-    all_q = load_queries(Path(dataset))
-    queries = [(q, all_q[q]) for q in qrels if q in all_q]
-    return (queries[:limit] if limit else queries), qrels
+    queries, qrels = judged_queries(Path(dataset), split, limit)
+    return list(queries.items()), qrels
 
 
 def measure_service(args: argparse.Namespace, target: str, queries: list[tuple[str, str]],

@@ -453,14 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args(argv)
 
-    from retrieval.evaluate import evaluate, load_qrels, load_queries
+    from retrieval.evaluate import evaluate, judged_queries
 
     dataset = Path(args.dataset)
-    qrels = load_qrels(dataset, args.split)
-    all_q = load_queries(dataset)
-    queries = {q: all_q[q] for q in qrels if q in all_q}
-    if args.limit:
-        queries = dict(list(queries.items())[: args.limit])
+    queries, qrels = judged_queries(dataset, args.split, args.limit)
     baseline = NaiveBaseline(dataset, ce_onnx=Path(args.ce_onnx), cache_dir=Path(args.cache_dir) if args.cache_dir else None,
                              candidates=args.candidates, threads=args.threads, ce_max_length=args.ce_max_length)
     # k = candidates: the cost is the same (the cross-encoder scores all of them) and Recall@100 becomes meaningful

@@ -58,14 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from retrieval.config import load_config
-    from retrieval.evaluate import load_qrels, load_queries
+    from retrieval.evaluate import judged_queries
     from retrieval.metrics import ServiceMetrics
     from retrieval.pipeline import Pipeline
     from retrieval.tracing import NO_TRACER
 
     config = load_config(args.config)
-    qrels = load_qrels(Path(args.dataset), args.split)
-    queries = [q for qid, q in load_queries(Path(args.dataset)).items() if qid in qrels][: args.limit]
+    queries = list(judged_queries(Path(args.dataset), args.split, args.limit)[0].values())
     pipeline = Pipeline.open(args.index, config)
     exporter = CountingExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "hybridrag-bench"}))

@@ -137,15 +137,11 @@ def _result_json(pipeline, query: str, res) -> dict[str, Any]:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from retrieval.evaluate import RERANK_VARIANTS, hnsw_recall, load_qrels, load_queries, run_stages, summarize, write_trec
+    from retrieval.evaluate import RERANK_VARIANTS, hnsw_recall, judged_queries, run_stages, summarize, write_trec
 
     config = _config(args, _thread_overrides(args))
     dataset = Path(args.dataset)
-    qrels = load_qrels(dataset, args.split)
-    all_queries = load_queries(dataset)
-    queries = {q: all_queries[q] for q in qrels if q in all_queries}
-    if args.limit:
-        queries = dict(list(queries.items())[: args.limit])
+    queries, qrels = judged_queries(dataset, args.split, args.limit)
     tmp = None
     index_dir = Path(args.index) if args.index else None
     if index_dir is None:

@@ -58,6 +58,14 @@ def load_qrels(dataset: Path, split: str = "test") -> Qrels:
     return qrels
 
 
+def judged_queries(dataset: Path, split: str = "test", limit: int = 0) -> tuple[dict[str, str], Qrels]:
+    """The split's judged queries that have a text, in qrels order (the first ``limit`` when > 0), and its qrels."""
+    qrels = load_qrels(dataset, split)
+    texts = load_queries(dataset)
+    queries = {q: texts[q] for q in qrels if q in texts}
+    return (dict(list(queries.items())[:limit]) if limit else queries), qrels
+
+
 def evaluate(qrels: Qrels, run: Run, *, ignore_identical_ids: bool = True) -> dict[str, float]:
     """Mean nDCG@10 and Recall@100 over the queries pytrec_eval scores (BEIR's convention)."""
     if ignore_identical_ids:
