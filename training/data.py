@@ -30,6 +30,7 @@ class Group:
     query: str
     positive: str  # doc id
     negatives: tuple[str, ...]  # hard first, then random
+    qid: str = ""
 
 
 @dataclass
@@ -123,7 +124,7 @@ def make_groups(data: TrainingData, *, hard: int, random_negatives: int, seed: i
                 d = doc_ids[rng.randrange(len(doc_ids))]
                 if d not in relevant and d not in negatives:
                     negatives.append(d)
-            groups.append(Group(data.queries[qid], pos, tuple(negatives)))
+            groups.append(Group(data.queries[qid], pos, tuple(negatives), qid))
     rng.shuffle(groups)
     return groups
 

@@ -82,12 +82,36 @@ def export_cross_encoder(model, tokenizer, out: Path, check_pairs: Sequence[tupl
 
 
 def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, Any], check: dict[str, Any],
-                     command: str, evaluation: dict[str, Any] | None = None) -> None:
-    """README.md beside the model: data, negatives, loss, hyper-parameters, steps, wall time, dev (and test) figures."""
+                     command: str) -> None:
+    """README.md beside the model: data, negatives, loss, hyper-parameters, steps, wall time, dev figures (test
+    figures are appended by ``hybridrag train card`` once ``hybridrag eval`` has measured them)."""
     cfg = summary["config"]
     best = summary["best"]
+    li = kind == "late-interaction"
+    per_step = f"{cfg['queries_per_step']} queries" if li else f"{cfg['groups_per_step']} groups"
+    in_batch = (", plus every other document of the step (in-batch)" if li else
+                ", plus the other groups' positives in the step (in-batch)" if cfg.get("in_batch") else "")
+    model_line = (f"- Model: BERT encoder + Linear(hidden -> {cfg['dim']}) + L2 norm, projection initialised by "
+                  f"{cfg['projection_init']}; ColBERT markers, queries [MASK]-padded to {cfg['query_maxlen']} ids, "
+                  f"documents cut at {cfg['doc_maxlen']} ids in training, {cfg['serve_doc_maxlen']} when served "
+                  "(`colbert_config.json`)." if li else
+                  f"- Model: sequence classification, one logit; pairs `[CLS] query [SEP] passage [SEP]` cut at "
+                  f"{cfg['max_length']} ids.")
+    lrs = (f"lr {cfg['lr']} (projection {cfg['projection_lr']})" if li else f"lr {cfg['lr']} (head {cfg['head_lr']})")
+    if li:
+        onnx = (f"- ONNX (checked through the serving encoder): `model.onnx` fp32, max abs difference to torch "
+                f"{check['fp32']['max_abs_diff']:.2e}; `int8/model.onnx` dynamic int8, mean token cosine "
+                f"{check['int8']['mean_cosine']:.4f} (min {check['int8']['min_cosine']:.3f}), MaxSim Pearson "
+                f"{check['int8']['maxsim_pearson']:.4f} ({check['queries']} queries x {check['passages']} passages).")
+    else:
+        onnx = (f"- ONNX: `model.onnx` fp32 (max abs logit difference to torch {check['fp32']['max_abs_diff']:.2e}); "
+                f"`int8/model.onnx` dynamic int8 (max abs difference {check['int8']['max_abs_diff']:.3f}, Pearson "
+                f"{check['int8']['pearson']:.4f} with torch on {check['check_pairs']} pairs).")
+    serve = ('`[late_interaction] model = "<this folder>"`, then `hybridrag index tokens --index DIR --out NEW` '
+             "recomputes the passages' token vectors (the dense side is kept)" if li else
+             '`[cross_encoder] model = "<this folder>"` (or `<this folder>/int8`) and `[rerank] cross_encoder = true`')
     lines = [
-        f"# {out.name}: a {kind} trained by `hybridrag train`",
+        f"# {out.name}: a {kind} model trained by `hybridrag train`",
         "",
         f"Command: `{command}`",
         "",
@@ -95,22 +119,104 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
         f"positive); dev: {summary['dev_queries']} queries, {summary['dev_source']}. The test split was not read "
         "for training or selection.",
         f"- Negatives per group: {cfg['hard_negatives']} hard (mined with this project's BM25 and dense first stage "
-        f"over the corpus index, judged-relevant documents excluded), {cfg['random_negatives']} random"
-        + (", plus the other groups' positives in the step (in-batch)" if cfg.get("in_batch") else "") + ".",
-        "- Loss: listwise softmax cross-entropy (the positive's log-probability within its group).",
-        f"- Initialised from `{summary['init']}`; max length {cfg['max_length']}; {cfg['groups_per_step']} groups a "
-        f"step; AdamW lr {cfg['lr']} (head {cfg['head_lr']}), weight decay {cfg['weight_decay']}, "
-        f"{int(cfg['warmup'] * 100)}% warm-up then linear decay; seed {cfg['seed']}.",
+        f"over the corpus index, judged-relevant documents excluded), {cfg['random_negatives']} random{in_batch}.",
+        "- Loss: listwise softmax cross-entropy (the positive's log-probability within its list).",
+        model_line,
+        f"- Initialised from `{summary['init']}`; {per_step} a step; AdamW {lrs}, weight decay "
+        f"{cfg['weight_decay']}, {int(cfg['warmup'] * 100)}% warm-up then linear decay; seed {cfg['seed']}.",
         f"- Steps: {summary['steps_run']} of {summary['steps_planned']} planned (early stopping: patience "
         f"{cfg['patience']} evaluations every {cfg['eval_every']} steps); wall time {summary['wall_s']} s.",
         f"- Dev nDCG@10, reranking the fused top {cfg['rerank_top']}: best {best['dev_ndcg@10']} at step "
-        f"{best['step']} (the fused list alone: {summary['dev_fused_ndcg@10']}).",
-        f"- ONNX: `model.onnx` fp32 (max abs logit difference to torch {check['fp32']['max_abs_diff']:.2e}); "
-        f"`int8/model.onnx` dynamic int8 (max abs difference {check['int8']['max_abs_diff']:.3f}, Pearson "
-        f"{check['int8']['pearson']:.4f} with torch on {check['check_pairs']} pairs).",
+        f"{best['step']} (step 0: {summary['log'][0]['dev_ndcg@10']}; the fused list alone: "
+        f"{summary['dev_fused_ndcg@10']}).",
+        onnx,
+        "",
+        f"Serve it: {serve}.",
+        "",
     ]
-    if evaluation:
-        lines.append(f"- Evaluation: {json.dumps(evaluation)}")
-    lines += ["", "Serve it: `[cross_encoder] model = \"<this folder>\"` (or `<this folder>/int8`) and "
-              "`[rerank] cross_encoder = true`.", ""]
     (out / "README.md").write_text("\n".join(lines))
+
+
+def append_test_figures(model: Path, evaluations: Sequence[dict[str, Any]]) -> str:
+    """Append the test figures measured by ``hybridrag eval --json`` (one dict per run) to the model card."""
+    lines = ["", "## Test figures (measured after selection with `hybridrag eval`; in-domain)", "",
+             "| dataset | split | stage | nDCG@10 | Recall@100 | vs fused |", "|---|---|---|---|---|---|"]
+    for ev in evaluations:
+        stages = ev["stages"]
+        fused = stages.get("fused", {}).get("ndcg@10")
+        for name, st in stages.items():
+            delta = f"{st['ndcg@10'] - fused:+.4f}" if fused is not None and name != "fused" else ""
+            lines.append(f"| {Path(ev['dataset']).name} | {ev['split']} | {name} | {st['ndcg@10']:.4f} | "
+                         f"{st.get('recall@100', float('nan')):.4f} | {delta} |")
+    text = "\n".join(lines) + "\n"
+    with open(model / "README.md", "a", encoding="utf-8") as f:
+        f.write(text)
+    return text
+
+
+def export_late_interaction(model, tokenizer, conv, out: Path, queries: Sequence[str], passages: Sequence[str],
+                            doc_maxlen: int, opset: int = 17) -> dict[str, Any]:
+    """``model.onnx`` (fp32, output ``token_embeddings``) and ``int8/model.onnx``, each with the tokenizer and
+    ``colbert_config.json``; checked by loading each folder with the serving side's
+    :class:`index_builder.token_encoders.ColbertEncoder` and comparing its query and passage vectors (and the
+    MaxSim scores of every query against every passage) with torch's."""
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from index_builder.token_encoders import ColbertEncoder, TokenEncoderConfig
+    from training.late_interaction import write_conventions
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(out))
+    model.bert.config.save_pretrained(str(out))
+    write_conventions(out, conv, model.bert.config.hidden_size)
+    model = model.float().eval()
+    ids, mask = conv.query_ids([[2023, 2003]] * 2, conv.query_maxlen)
+    trace = (torch.from_numpy(ids), torch.from_numpy(mask), torch.zeros_like(torch.from_numpy(ids)))
+    axes = {n: {0: "batch", 1: "sequence"} for n in INPUTS}
+    axes["token_embeddings"] = {0: "batch", 1: "sequence"}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, trace, str(out / "model.onnx"), input_names=list(INPUTS),
+                          output_names=["token_embeddings"], dynamic_axes=axes, opset_version=opset,
+                          do_constant_folding=True, dynamo=False)
+    int8_dir = out / "int8"
+    int8_dir.mkdir(exist_ok=True)
+    quantize_dynamic(str(out / "model.onnx"), str(int8_dir / "model.onnx"), weight_type=QuantType.QInt8)
+    for name in TOKENIZER_FILES + ("config.json", "colbert_config.json"):
+        if (out / name).is_file():
+            shutil.copy2(out / name, int8_dir / name)
+
+    # torch reference, built with the same ids the serving side builds
+    content = lambda texts: tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]  # noqa: E731
+    with torch.no_grad():
+        qi, qm = conv.query_ids(content(queries), conv.query_maxlen)
+        ref_q = model(torch.from_numpy(qi), torch.from_numpy(qm)).numpy()
+        ref_d = []
+        for text in passages:
+            di, dm, keep = conv.doc_batch([conv.doc_row(content([text])[0], doc_maxlen)])
+            ref_d.append(model(torch.from_numpy(di), torch.from_numpy(dm)).numpy()[0][keep[0]])
+    ref_scores = np.array([[(q @ d.T).max(axis=1).sum() for d in ref_d] for q in ref_q])
+    report: dict[str, Any] = {"queries": len(queries), "passages": len(passages), "doc_maxlen": doc_maxlen}
+    for name, folder in (("fp32", out), ("int8", int8_dir)):
+        enc = ColbertEncoder(TokenEncoderConfig(model=str(folder), doc_maxlen=doc_maxlen))
+        got_q = np.stack(enc.encode_queries(list(queries)))
+        got_d = [d.astype(np.float32) for d in enc.encode_documents(list(passages))]
+        if any(g.shape != r.shape for g, r in zip(got_d, ref_d, strict=True)):
+            raise ModelError(f"{name}: the serving side keeps different token positions than training")
+        flat_got = np.concatenate([got_q.reshape(-1, got_q.shape[-1])] + got_d)
+        flat_ref = np.concatenate([ref_q.reshape(-1, ref_q.shape[-1])] + ref_d)
+        cos = (flat_got * flat_ref).sum(axis=1)
+        scores = np.array([[(q @ d.T).max(axis=1).sum() for d in got_d] for q in got_q])
+        report[name] = {"max_abs_diff": float(np.abs(flat_got - flat_ref).max()),
+                        "mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()),
+                        "maxsim_pearson": float(np.corrcoef(scores.ravel(), ref_scores.ravel())[0, 1]),
+                        "maxsim_max_abs_diff": float(np.abs(scores - ref_scores).max()),
+                        "bytes": (folder / "model.onnx").stat().st_size}
+    # stored vectors are float16 / int8 on the serving side: 1e-3 on unit vectors is well inside that
+    report["fp32"]["passed"] = report["fp32"]["max_abs_diff"] <= FP32_TOLERANCE
+    (out / "onnx_check.json").write_text(json.dumps(report, indent=1) + "\n")
+    if not report["fp32"]["passed"]:
+        raise ModelError(f"the fp32 ONNX export differs from torch by {report['fp32']['max_abs_diff']:.2e} "
+                         f"(> {FP32_TOLERANCE}); see {out / 'onnx_check.json'}")
+    return report

@@ -1,0 +1,287 @@
+"""``hybridrag train late-interaction``: fine-tune a ColBERT-style model on a corpus's judgments.
+
+Model (ColBERT conventions, :class:`index_builder.token_encoders.ColbertConventions`): a BERT encoder initialised
+from ``--init`` (default: the bundled all-MiniLM-L6-v2) + ``Linear(hidden -> dim, no bias)`` + L2 normalisation.
+Queries are ``[CLS] [unused0] tokens [SEP]`` padded with ``[MASK]`` to exactly ``query_maxlen`` ids, the masks not
+attended to but scored (query augmentation); documents ``[CLS] [unused1] tokens [SEP]`` cut at ``doc_maxlen`` ids,
+punctuation vectors dropped. Score: MaxSim (sum over query vectors of the best dot product with a document vector).
+
+The projection starts from the principal directions of the encoder's own token states over a sample of the corpus
+(``projection_init = "pca"``): at step 0 the model scores close to the embedder's own token vectors (the
+service's default late interaction) in fewer dimensions, and training starts from there instead of from a random
+projection. ``"random"`` gives the usual ColBERT start.
+
+Loss: per query, softmax cross-entropy of its positive among every document of the step (its own hard and random
+negatives and the other queries' documents: in-batch negatives), documents judged relevant to it masked out.
+AdamW, linear warm-up then decay, fixed seed. Every ``eval_every`` steps: dev nDCG@10 of the served fused list
+with its top ``rerank_top`` reordered by MaxSim; the best state is kept, patience stops training.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import string
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index_builder.token_encoders import ColbertConventions
+from retrieval.evaluate import evaluate
+from training.data import Group, TrainingData, fused_run, make_groups, rerank_run
+
+
+@dataclass(frozen=True)
+class LateInteractionTrainConfig:
+    dim: int = 128
+    projection_init: str = "pca"  # "pca" (the encoder's own token space) or "random"
+    query_maxlen: int = 32
+    doc_maxlen: int = 180  # training and dev evaluation
+    serve_doc_maxlen: int = 256  # written to colbert_config.json (passages are cut there when served)
+    hard_negatives: int = 3
+    random_negatives: int = 1
+    queries_per_step: int = 8
+    lr: float = 2e-5
+    projection_lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup: float = 0.1
+    epochs: float = 1.0
+    max_steps: int = 0
+    eval_every: int = 100
+    patience: int = 3
+    rerank_top: int = 20
+    dev_queries: int = 0  # 0 = every dev query; else a fixed-seed sample (evaluation encodes their candidates)
+    seed: int = 13
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.projection_init not in ("pca", "random"):
+            raise ValueError(f"projection_init must be 'pca' or 'random', got {self.projection_init!r}")
+        if self.query_maxlen < 4 or self.doc_maxlen < 4 or self.dim < 1:
+            raise ValueError("query_maxlen and doc_maxlen must be >= 4, dim >= 1")
+
+
+def conventions_for(tokenizer, cfg: LateInteractionTrainConfig) -> ColbertConventions:
+    """The serving conventions, with this tokenizer's ids (markers [unused0]/[unused1] as in Stanford ColBERT)."""
+    vocab = tokenizer.get_vocab()
+    punct = sorted({vocab[c] for c in string.punctuation if c in vocab})
+    return ColbertConventions(
+        dim=cfg.dim, query_marker_id=vocab.get("[unused0]", 1), doc_marker_id=vocab.get("[unused1]", 2),
+        cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id, pad_token_id=tokenizer.pad_token_id,
+        mask_token_id=tokenizer.mask_token_id, query_maxlen=cfg.query_maxlen, doc_maxlen=cfg.serve_doc_maxlen,
+        skiplist_punctuation_ids=tuple(punct))
+
+
+def make_model(torch, bert, dim: int):
+    class Colbert(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+            self.linear = torch.nn.Linear(bert.config.hidden_size, dim, bias=False)
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
+            h = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return torch.nn.functional.normalize(self.linear(h.last_hidden_state), dim=-1)
+
+    return Colbert()
+
+
+class Encoder:
+    """Ids (exactly as the serving side builds them) and torch encoding for one model."""
+
+    def __init__(self, torch, model, tokenizer, conv: ColbertConventions, cfg: LateInteractionTrainConfig) -> None:
+        self.torch, self.model, self.tokenizer, self.conv, self.cfg = torch, model, tokenizer, conv, cfg
+
+    def _content(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]
+
+    def queries(self, texts: list[str]):
+        ids, mask = self.conv.query_ids(self._content(texts), self.cfg.query_maxlen)
+        t = self.torch
+        return self.model(t.from_numpy(ids), t.from_numpy(mask))  # [n, query_maxlen, dim], all scored
+
+    def documents(self, texts: list[str], maxlen: int | None = None):
+        maxlen = maxlen or self.cfg.doc_maxlen
+        rows = [self.conv.doc_row(c, maxlen) for c in self._content(texts)]
+        ids, mask, keep = self.conv.doc_batch(rows)
+        t = self.torch
+        return self.model(t.from_numpy(ids), t.from_numpy(mask)), t.from_numpy(keep)
+
+
+def maxsim(torch, q, d, keep):
+    """q [B, Lq, dim], d [N, Ld, dim], keep [N, Ld] -> scores [B, N]."""
+    sim = torch.einsum("bqd,ntd->bnqt", q, d)
+    sim = sim.masked_fill(~keep[None, :, None, :], -1e4)
+    return sim.max(dim=-1).values.sum(dim=-1)
+
+
+def pca_projection(torch, model, enc: Encoder, passages: list[str], dim: int) -> Any:
+    """[dim, hidden]: the top principal directions (uncentred, as dot products are what MaxSim keeps) of the
+    encoder's token states over ``passages``."""
+    model.eval()
+    states = []
+    with torch.no_grad():
+        for i in range(0, len(passages), 32):
+            rows = [enc.conv.doc_row(c, enc.cfg.doc_maxlen) for c in enc._content(passages[i:i + 32])]
+            ids, mask, keep = enc.conv.doc_batch(rows)
+            h = model.bert(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                           token_type_ids=torch.zeros_like(torch.from_numpy(ids))).last_hidden_state
+            h = torch.nn.functional.normalize(h, dim=-1)
+            states.append(h[torch.from_numpy(keep)])
+    x = torch.cat(states).double()
+    _, vecs = torch.linalg.eigh(x.T @ x)  # ascending eigenvalues
+    return vecs[:, -dim:].flip(-1).T.float().contiguous()
+
+
+def dev_ndcg(torch, enc: Encoder, data: TrainingData, dev_ids: list[str], cfg: LateInteractionTrainConfig) -> float:
+    enc.model.eval()
+    candidates = {q: data.dev_candidates[q] for q in dev_ids}
+    docs = sorted({d for q in dev_ids for d in candidates[q][:cfg.rerank_top]})
+    # encode longest first in batches of similar length (less padding)
+    order = sorted(docs, key=lambda d: -len(data.passages[d]))
+    vectors: dict[str, Any] = {}
+    with torch.no_grad():
+        for i in range(0, len(order), 32):
+            chunk = order[i:i + 32]
+            d, keep = enc.documents([data.passages[x] for x in chunk])
+            for j, x in enumerate(chunk):
+                vectors[x] = d[j][keep[j]]
+        scores = {}
+        for i in range(0, len(dev_ids), 64):
+            qids = dev_ids[i:i + 64]
+            qv = enc.queries([data.queries[q] for q in qids])
+            for j, q in enumerate(qids):
+                scores[q] = [float((qv[j] @ vectors[x].T).max(dim=-1).values.sum()) for x in candidates[q][:cfg.rerank_top]]
+    return evaluate({q: data.dev[q] for q in dev_ids}, rerank_run(candidates, scores, cfg.rerank_top))["ndcg@10"]
+
+
+def step_loss(torch, enc: Encoder, groups: list[Group], data: TrainingData):
+    docs: list[str] = []
+    for g in groups:
+        for d in (g.positive, *g.negatives):
+            if d not in docs:
+                docs.append(d)
+    q = enc.queries([g.query for g in groups])
+    d, keep = enc.documents([data.passages[x] for x in docs])
+    scores = maxsim(torch, q, d, keep)  # [B, N]
+    index = {x: i for i, x in enumerate(docs)}
+    target = torch.tensor([index[g.positive] for g in groups])
+    relevant = torch.zeros_like(scores, dtype=torch.bool)
+    for b, g in enumerate(groups):  # the query's other judged-relevant documents are not negatives
+        for x in data.positives(g.qid):
+            if x in index and x != g.positive:
+                relevant[b, index[x]] = True
+    return torch.nn.functional.cross_entropy(scores.masked_fill(relevant, -1e4), target)
+
+
+def initial_model(torch, transformers, init: Path, cfg: LateInteractionTrainConfig, data: TrainingData):
+    """(model, tokenizer, conventions, encoder) at step 0: ``init``'s encoder and the projection (PCA over a
+    fixed-seed sample of the corpus, or random)."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(init), local_files_only=True)
+    bert = transformers.AutoModel.from_pretrained(str(init), local_files_only=True, attn_implementation="eager",
+                                                  add_pooling_layer=False)
+    if cfg.projection_init == "pca" and cfg.dim > bert.config.hidden_size:
+        raise ValueError(f"projection_init 'pca' needs dim <= {bert.config.hidden_size}, got {cfg.dim}")
+    model = make_model(torch, bert, cfg.dim)
+    conv = conventions_for(tokenizer, cfg)
+    enc = Encoder(torch, model, tokenizer, conv, cfg)
+    if cfg.projection_init == "pca":
+        sample = random.Random(cfg.seed).sample(sorted(data.passages), min(256, len(data.passages)))
+        with torch.no_grad():
+            model.linear.weight.copy_(pca_projection(torch, model, enc, [data.passages[d] for d in sample], cfg.dim))
+    return model, tokenizer, conv, enc
+
+
+def train_late_interaction(data: TrainingData, init: Path, cfg: LateInteractionTrainConfig, *, progress: bool = True
+                           ) -> tuple[Any, Any, ColbertConventions, dict[str, Any]]:
+    """Train; returns (best model, tokenizer, conventions, summary). ``data`` must be mined."""
+    import torch
+    import transformers
+    from tqdm import tqdm
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model, tokenizer, conv, enc = initial_model(torch, transformers, init, cfg, data)
+    groups = make_groups(data, hard=cfg.hard_negatives, random_negatives=cfg.random_negatives, seed=cfg.seed)
+    if not groups:
+        raise ValueError("no training groups: no judged query has a positive in the corpus")
+    steps = cfg.max_steps or max(1, int(len(groups) * cfg.epochs / cfg.queries_per_step))
+    proj = list(model.linear.parameters())
+    body = list(model.bert.parameters())
+    optimizer = torch.optim.AdamW([{"params": body, "lr": cfg.lr}, {"params": proj, "lr": cfg.projection_lr}],
+                                  weight_decay=cfg.weight_decay)
+    warm = max(1, int(steps * cfg.warmup))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
+    dev_ids = sorted(data.dev_candidates)
+    if cfg.dev_queries and cfg.dev_queries < len(dev_ids):
+        dev_ids = sorted(random.Random(cfg.seed).sample(dev_ids, cfg.dev_queries))
+    dev_qrels = {q: data.dev[q] for q in dev_ids}
+    fused = evaluate(dev_qrels, fused_run({q: data.dev_candidates[q] for q in dev_ids}))["ndcg@10"] if dev_ids else None
+    t0 = time.perf_counter()
+    start = dev_ndcg(torch, enc, data, dev_ids, cfg) if dev_ids else None
+    if progress and dev_ids:
+        print(f"step 0: dev nDCG@10 {start:.4f} (fused {fused:.4f}; {len(dev_ids)} dev queries, "
+              f"{time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    best = {"step": 0, "dev_ndcg@10": start}
+    best_state = copy.deepcopy(model.state_dict())
+    log: list[dict[str, Any]] = [{"step": 0, "dev_ndcg@10": start, "dev_fused_ndcg@10": fused}]
+    stale, losses = 0, []
+    bar = tqdm(range(steps), desc="train late-interaction", disable=not progress, file=sys.stderr)
+    for step in bar:
+        model.train()
+        batch = [groups[(step * cfg.queries_per_step + i) % len(groups)] for i in range(cfg.queries_per_step)]
+        loss = step_loss(torch, enc, batch, data)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+        if dev_ids and ((step + 1) % cfg.eval_every == 0 or step + 1 == steps):
+            ndcg = dev_ndcg(torch, enc, data, dev_ids, cfg)
+            log.append({"step": step + 1, "loss": round(float(np.mean(losses[-cfg.eval_every:])), 5),
+                        "dev_ndcg@10": ndcg, "seconds": round(time.perf_counter() - t0, 1)})
+            if progress:
+                bar.write(f"step {step + 1}: dev nDCG@10 {ndcg:.4f} (fused {fused:.4f}, best {best['dev_ndcg@10']:.4f} "
+                          f"at step {best['step']})")
+            if ndcg > best["dev_ndcg@10"]:
+                best, stale = {"step": step + 1, "dev_ndcg@10": ndcg}, 0
+                best_state = copy.deepcopy(model.state_dict())
+            else:
+                stale += 1
+                if stale >= cfg.patience:
+                    break
+    if dev_ids:
+        model.load_state_dict(best_state)
+    model.eval()
+    summary = {"config": asdict(cfg), "init": str(init), "groups": len(groups), "steps_planned": steps,
+               "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": best,
+               "dev_fused_ndcg@10": fused, "dev_queries": len(dev_ids), "dev_source": data.dev_source,
+               "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": log}
+    return model, tokenizer, conv, summary
+
+
+def write_conventions(out: Path, conv: ColbertConventions, hidden: int) -> None:
+    raw = asdict(conv)
+    raw["skiplist_punctuation_ids"] = list(conv.skiplist_punctuation_ids)
+    raw.update({
+        "architecture": f"BertModel + Linear({hidden}->{conv.dim}, no bias) + L2 normalise (in the graph)",
+        "similarity": "maxsim",
+        "onnx_inputs": ["input_ids", "attention_mask", "token_type_ids"],
+        "query_augmentation": "queries padded with [MASK] to exactly query_maxlen ids, not attended to, all scored",
+        "doc_vectors_kept": "attention_mask == 1 and id not in skiplist_punctuation_ids",
+        "token_type_ids": "all zeros",
+    })
+    (out / "colbert_config.json").write_text(json.dumps(raw, indent=1) + "\n")
