@@ -137,6 +137,8 @@ def test_late_interaction_training_export_and_token_rebuild(sample_train, pipeli
     check = export_late_interaction(model, tokenizer, conv, out, queries, passages, cfg.doc_maxlen)
     assert check["fp32"]["passed"] and check["fp32"]["maxsim_pearson"] > 0.999 and check["int8"]["mean_cosine"] > 0.8
     assert json.loads((out / "colbert_config.json").read_text())["dim"] == 64
+    resumed, *_ = initial_model(torch, transformers, out, cfg, data)  # --init <trained folder> continues from it
+    assert abs(loss_of(resumed) - loss_of(model)) < 1e-4
 
     enc = ColbertEncoder(TokenEncoderConfig(model=str(out)))
     rebuilt = tmp_path / "index"

@@ -120,7 +120,8 @@ def _common(q: Any) -> None:
     q.add_argument("--index", required=True, help="the corpus's index (built there when it has none)")
     q.add_argument("--out", required=True, help="model folder to write")
     q.add_argument("--split", default="train", help="judgments to train on (never 'test')")
-    q.add_argument("--init", default="bundled", help="'bundled' (all-MiniLM-L6-v2) or a transformers folder")
+    q.add_argument("--init", default="bundled", help="'bundled' (all-MiniLM-L6-v2), a transformers folder, or a folder "
+                                                   "this command wrote (continues from its weights)")
     q.add_argument("--dev-fraction", type=float, default=0.2, help="held out from --split when there is no dev split")
     q.add_argument("--mine-depth", type=int, default=30, help="BM25 and dense depth for hard negatives")
     q.add_argument("--max-steps", type=int, dest="max_steps", help="steps (default: one epoch of groups)")
@@ -151,6 +152,7 @@ def add_parser(sub: Any) -> None:
                                                  "with in-batch negatives, dev early stopping), export it to ONNX")
     _common(q)
     q.add_argument("--dim", type=int, help="token vector dimension (projection)")
+    q.add_argument("--query-maxlen", type=int, dest="query_maxlen", help="query ids incl. [MASK] augmentation")
     q.add_argument("--projection-init", dest="projection_init", choices=("pca", "random"))
     q.add_argument("--queries-per-step", type=int, dest="queries_per_step")
     q.add_argument("--doc-maxlen", type=int, dest="doc_maxlen", help="passage ids in training and dev evaluation")

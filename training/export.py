@@ -164,9 +164,10 @@ def export_late_interaction(model, tokenizer, conv, out: Path, queries: Sequence
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from index_builder.token_encoders import ColbertEncoder, TokenEncoderConfig
-    from training.late_interaction import write_conventions
+    from training.late_interaction import save_torch, write_conventions
 
     out.mkdir(parents=True, exist_ok=True)
+    save_torch(out, model, torch)
     tokenizer.save_pretrained(str(out))
     model.bert.config.save_pretrained(str(out))
     write_conventions(out, conv, model.bert.config.hidden_size)

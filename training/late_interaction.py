@@ -35,6 +35,8 @@ from index_builder.token_encoders import ColbertConventions
 from retrieval.evaluate import evaluate
 from training.data import Group, TrainingData, fused_run, make_groups, rerank_run
 
+PROJECTION_FILE = "projection.pt"
+
 
 @dataclass(frozen=True)
 class LateInteractionTrainConfig:
@@ -185,8 +187,15 @@ def initial_model(torch, transformers, init: Path, cfg: LateInteractionTrainConf
     """(model, tokenizer, conventions, encoder) at step 0: ``init``'s encoder and the projection (PCA over a
     fixed-seed sample of the corpus, or random)."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(init), local_files_only=True)
-    bert = transformers.AutoModel.from_pretrained(str(init), local_files_only=True, attn_implementation="eager",
+    previous = Path(init) / "torch" / PROJECTION_FILE  # a folder this trainer wrote: continue from its weights
+    bert = transformers.AutoModel.from_pretrained(str(previous.parent if previous.is_file() else init),
+                                                  local_files_only=True, attn_implementation="eager",
                                                   add_pooling_layer=False)
+    if previous.is_file():
+        model = make_model(torch, bert, cfg.dim)
+        model.linear.weight.data.copy_(torch.load(previous))
+        conv = conventions_for(tokenizer, cfg)
+        return model, tokenizer, conv, Encoder(torch, model, tokenizer, conv, cfg)
     if cfg.projection_init == "pca" and cfg.dim > bert.config.hidden_size:
         raise ValueError(f"projection_init 'pca' needs dim <= {bert.config.hidden_size}, got {cfg.dim}")
     model = make_model(torch, bert, cfg.dim)
@@ -285,3 +294,10 @@ def write_conventions(out: Path, conv: ColbertConventions, hidden: int) -> None:
         "token_type_ids": "all zeros",
     })
     (out / "colbert_config.json").write_text(json.dumps(raw, indent=1) + "\n")
+
+
+def save_torch(out: Path, model, torch) -> None:
+    """``torch/``: the encoder (transformers layout) and the projection, so ``--init <this folder>`` continues."""
+    (out / "torch").mkdir(parents=True, exist_ok=True)
+    model.bert.save_pretrained(str(out / "torch"))
+    torch.save(model.linear.weight.detach().clone(), out / "torch" / PROJECTION_FILE)
