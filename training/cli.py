@@ -163,4 +163,5 @@ def add_parser(sub: Any) -> None:
     q = tsub.add_parser("card", help="append test figures (hybridrag eval --json files) to a trained model's card")
     q.add_argument("--model", required=True)
     q.add_argument("--eval-json", required=True, nargs="+", dest="eval_json")
+    q.add_argument("-v", "--verbose", action="store_true")
     q.set_defaults(func=cmd_train_card)
