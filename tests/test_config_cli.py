@@ -58,3 +58,18 @@ def test_quickstart_builds_searches_and_generates(tmp_path, capsys):
     generated = out.split("Generate: ", 1)[1]
     assert "embedded llama.cpp" in generated and "sources: astro-001" in generated
     assert "tokens in" in generated and "(no answer generated" not in out
+
+
+def test_train_card_appends_measured_test_figures(tmp_path, capsys):
+    """`hybridrag train card` (no torch needed) appends `hybridrag eval --json` figures to a model card."""
+    from pathlib import Path
+
+    measured = Path(__file__).resolve().parent.parent / "results" / "train" / "scifact-test-li-trained.json"
+    figures = json.loads(measured.read_text())["stages"]
+    (tmp_path / "README.md").write_text("# a model\n")
+    assert main(["train", "card", "--model", str(tmp_path), "--eval-json", str(measured)]) == 0
+    card = (tmp_path / "README.md").read_text()
+    assert card.startswith("# a model\n") and "## Test figures" in card
+    delta = figures["late_interaction"]["ndcg@10"] - figures["fused"]["ndcg@10"]
+    assert f"| scifact | test | late_interaction | {figures['late_interaction']['ndcg@10']:.4f} |" in card
+    assert f"{delta:+.4f}" in card
