@@ -80,6 +80,8 @@ def test_training_lowers_the_loss_and_the_export_serves(sample_train, pipeline, 
     pairs = [(data.queries[q], data.passages[d]) for q, docs in list(dev.items())[:3] for d in docs[:4]]
     check = export_cross_encoder(model, tokenizer, out, pairs, cfg.max_length)
     assert check["fp32"]["passed"] and check["fp32"]["max_abs_diff"] < 1e-3 and check["int8"]["pearson"] > 0.9
+    resumed = transformers.AutoModelForSequenceClassification.from_pretrained(str(out), local_files_only=True)
+    assert abs(loss_of(resumed, tokenizer) - after) < 1e-4  # --init <trained folder> continues from it
     for folder in (out, out / "int8"):  # both load in the cascade with no other change
         served = dataclasses.replace(config, cross_encoder=dataclasses.replace(config.cross_encoder, model=str(folder),
                                                                                 max_length=64),

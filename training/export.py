@@ -33,7 +33,7 @@ def export_cross_encoder(model, tokenizer, out: Path, check_pairs: Sequence[tupl
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out))
-    model.config.save_pretrained(str(out))
+    model.save_pretrained(str(out))  # config.json + weights: `--init <this folder>` continues training from it
     model = model.float().eval()
 
     class Logits(torch.nn.Module):
