@@ -59,9 +59,24 @@ def _command() -> str:
     return "hybridrag " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "(library call)"
 
 
+def _finish(out: Path, kind: str, dataset: Path, summary: dict[str, Any], check: dict[str, Any]) -> int:
+    """Training log and model card beside the exported model, and one summary line."""
+    from training.cross_encoder import write_log
+    from training.export import write_model_card
+
+    summary["onnx_check"] = check
+    write_log(out, summary)
+    write_model_card(out, kind=kind, dataset=str(dataset), summary=summary, check=check, command=_command())
+    best = summary["best"]
+    print(f"trained {summary['steps_run']} steps in {summary['wall_s']} s; dev nDCG@10 {best['dev_ndcg@10']} at step "
+          f"{best['step']} (fused alone {summary['dev_fused_ndcg@10']}); fp32 ONNX within "
+          f"{check['fp32']['max_abs_diff']:.1e} of torch; wrote {out}")
+    return 0
+
+
 def cmd_train_cross_encoder(args: argparse.Namespace) -> int:
-    from training.cross_encoder import CrossEncoderTrainConfig, train_cross_encoder, write_log
-    from training.export import export_cross_encoder, write_model_card
+    from training.cross_encoder import CrossEncoderTrainConfig, train_cross_encoder
+    from training.export import export_cross_encoder
 
     cfg, data, dataset = _prepare(args, CrossEncoderTrainConfig)
     out = Path(args.out)
@@ -71,19 +86,11 @@ def cmd_train_cross_encoder(args: argparse.Namespace) -> int:
                    for d in docs[:8]] or [(data.queries[q], data.passages[g]) for q in list(data.train)[:8]
                                           for g in data.positives(q)[:1]]
     check = export_cross_encoder(model, tokenizer, out, check_pairs, cfg.max_length)
-    summary["onnx_check"] = check
-    write_log(out, summary)
-    write_model_card(out, kind="cross-encoder", dataset=str(dataset), summary=summary, check=check, command=_command())
-    best = summary["best"]
-    print(f"trained {summary['steps_run']} steps in {summary['wall_s']} s; dev nDCG@10 {best['dev_ndcg@10']} at step "
-          f"{best['step']} (fused alone {summary['dev_fused_ndcg@10']}); fp32 ONNX within "
-          f"{check['fp32']['max_abs_diff']:.1e} of torch; wrote {out}")
-    return 0
+    return _finish(out, "cross-encoder", dataset, summary, check)
 
 
 def cmd_train_late_interaction(args: argparse.Namespace) -> int:
-    from training.cross_encoder import write_log
-    from training.export import export_late_interaction, write_model_card
+    from training.export import export_late_interaction
     from training.late_interaction import LateInteractionTrainConfig, train_late_interaction
 
     cfg, data, dataset = _prepare(args, LateInteractionTrainConfig)
@@ -94,15 +101,7 @@ def cmd_train_late_interaction(args: argparse.Namespace) -> int:
     docs = [d for q in qids for d in (data.dev_candidates.get(q) or data.positives(q))[:3]]
     check = export_late_interaction(model, tokenizer, conv, out, queries, [data.passages[d] for d in docs],
                                     cfg.doc_maxlen)
-    summary["onnx_check"] = check
-    write_log(out, summary)
-    write_model_card(out, kind="late-interaction", dataset=str(dataset), summary=summary, check=check,
-                     command=_command())
-    best = summary["best"]
-    print(f"trained {summary['steps_run']} steps in {summary['wall_s']} s; dev nDCG@10 {best['dev_ndcg@10']} at step "
-          f"{best['step']} (fused alone {summary['dev_fused_ndcg@10']}); fp32 ONNX within "
-          f"{check['fp32']['max_abs_diff']:.1e} of torch; wrote {out}")
-    return 0
+    return _finish(out, "late-interaction", dataset, summary, check)
 
 
 def cmd_train_card(args: argparse.Namespace) -> int:
