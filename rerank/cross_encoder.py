@@ -17,6 +17,7 @@ def pairs_for(query: str, passages: Sequence[str]) -> list[tuple[str, str]]:
     return [(query, p) for p in passages]
 
 
-def rerank_by_scores(scores: np.ndarray, n: int) -> Reordering:
-    """``scores``: one per head passage (K = len(scores)); ``n``: the whole list's length."""
-    return rerank_head(np.asarray(scores, dtype=np.float32), n)
+def rerank_by_scores(scores: np.ndarray, n: int, weight: float = 1.0) -> Reordering:
+    """``scores``: one per head passage (K = len(scores)); ``n``: the whole list's length; ``weight`` < 1 blends
+    the scores with the head's incoming order."""
+    return rerank_head(np.asarray(scores, dtype=np.float32), n, weight)

@@ -80,12 +80,18 @@ class RerankConfig:
     Deadlines: a stage is skipped (and the result marked degraded) when the time left before the request's
     deadline is below that stage's recent p95 latency (over the last ``latency_window`` runs); the cross-encoder
     goes first, then late interaction. ``budget_ms`` > 0 gives requests without a deadline one.
+
+    ``li_weight`` / ``ce_weight``: the stage's share in its head's new order; below 1 the stage's scores are blended
+    with the order it received (:mod:`rerank.interpolation`; ``hybridrag train`` reports the best weight on dev).
+    1 = the stage alone.
     """
 
     late_interaction: bool = True
     li_top_k: int = 20
+    li_weight: float = 1.0
     cross_encoder: bool = False
     ce_top_k: int = 5
+    ce_weight: float = 1.0
     max_top_k: int = 100
     budget_ms: float = 0.0
     latency_window: int = 200
@@ -96,6 +102,9 @@ class RerankConfig:
                 raise ValueError(f"{name} must be in [1, {self.max_top_k}], got {getattr(self, name)}")
         if self.budget_ms < 0 or self.latency_window < 1:
             raise ValueError("budget_ms must be >= 0 and latency_window >= 1")
+        for name in ("li_weight", "ce_weight"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1] (1 = the stage alone), got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

@@ -253,7 +253,7 @@ class _LiveLate:
     def __init__(self, view: LiveView) -> None:
         self.view = view
 
-    def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int) -> Reordering:
+    def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0) -> Reordering:
         v = self.view
         late = v.base.late
         assert late is not None
@@ -265,7 +265,7 @@ class _LiveLate:
         if (~in_base).any() and v.buffer_tokens is not None:
             t = v.buffer_tokens
             scores[~in_base] = maxsim_batch(query_tokens, t.vectors, t.offsets, head[~in_base] - v.n_base_chunks, t.scales)
-        return rerank_head(scores, len(chunks))
+        return rerank_head(scores, len(chunks), weight)
 
 
 class LiveIndex:

@@ -379,7 +379,8 @@ class Pipeline:
                     _, query_tokens, _ = await self.models.embed_query(query)
                 assert index.late is not None and query_tokens is not None
                 head = current
-                current = reorder(current, await self._in_pool(index.late.rerank, query_tokens, head.chunk, li_top_k))
+                current = reorder(current, await self._in_pool(index.late.rerank, query_tokens, head.chunk, li_top_k,
+                                                                 rr.li_weight))
             result.stages["late_interaction"] = current
             result.timings_ms["late_interaction"] = ms = _ms(t)
             self.latency.record("late_interaction", ms)
@@ -394,7 +395,7 @@ class Pipeline:
             with child_span(tracer, "hybridrag.cross_encoder", trace, {"top_k": ce_top_k}):
                 passages = [index.passage_with_title(int(c)) for c in current.chunk[:ce_top_k]]
                 scores = await self.models.score_pairs(query, passages)
-                current = reorder(current, rerank_by_scores(scores, len(current)))
+                current = reorder(current, rerank_by_scores(scores, len(current), rr.ce_weight))
             result.stages["cross_encoder"] = current
             result.timings_ms["cross_encoder"] = ms = _ms(t)
             self.latency.record("cross_encoder", ms)

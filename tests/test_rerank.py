@@ -39,6 +39,43 @@ def test_late_interaction_reorders_only_the_head(pipeline):
     assert (np.diff(li.scores[:top]) <= 1e-6).all() and "late_interaction" in res.timings_ms
 
 
+def test_li_weight_blends_maxsim_with_the_fused_order(sample_index, embedder, config):
+    """``[rerank] li_weight``: 0 keeps the fused head, 1 is MaxSim alone, in between the served order is exactly
+    the blend of MaxSim with the fused positions (the function the trainers select the weight with)."""
+    import dataclasses
+
+    from index_builder.token_encoders import EmbedderTokens
+    from rerank.interpolation import blend_with_prior
+
+    query = "which planet has the largest volcano"
+    orders = {}
+    for w in (0.0, 0.5, 1.0):
+        cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, li_weight=w))
+        p = Pipeline(sample_index, embedder, cfg)
+        try:
+            res = p.search(query, k=30, stages=("bm25", "dense", "late_interaction"), use_cache=False)
+        finally:
+            p.close()
+        orders[w] = res.stages["late_interaction"].doc.tolist()
+        fused = res.stages["fused"]
+    top = config.rerank.li_top_k
+    assert orders[0.0] == fused.doc.tolist()
+    assert orders[1.0] != orders[0.0] and orders[0.5] not in (orders[0.0], orders[1.0])
+    late = sample_index.late
+    tokens = EmbedderTokens(embedder).encode_queries([query])[0]  # the default token encoder
+    pure = maxsim_batch(tokens, late.vectors, late.offsets, fused.chunk[:top], late.scales)
+    for w in (0.5, 1.0):
+        expected = fused.doc[:top][np.argsort(-blend_with_prior(pure, w), kind="stable")].tolist()
+        assert orders[w][:top] == expected and orders[w][top:] == fused.doc[top:].tolist()
+
+
+def test_weights_outside_0_1_are_refused():
+    from retrieval.config import RerankConfig
+
+    with pytest.raises(ValueError, match="ce_weight must be in \\[0, 1\\]"):
+        RerankConfig(ce_weight=1.5)
+
+
 def test_cross_encoder_stage_skipped_without_a_model_and_scores_with_one(sample_index, embedder, config):
     p = Pipeline(sample_index, embedder, config)
     res = p.search("how do bees find flowers", k=5, stages=("bm25", "dense", "cross_encoder"))

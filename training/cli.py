@@ -69,7 +69,8 @@ def _finish(out: Path, kind: str, dataset: Path, summary: dict[str, Any], check:
     write_model_card(out, kind=kind, dataset=str(dataset), summary=summary, check=check, command=_command())
     best = summary["best"]
     print(f"trained {summary['steps_run']} steps in {summary['wall_s']} s; dev nDCG@10 {best['dev_ndcg@10']} at step "
-          f"{best['step']} (fused alone {summary['dev_fused_ndcg@10']}); fp32 ONNX within "
+          f"{best['step']}, {best.get('dev_blended_ndcg@10')} blended with the fused order at weight "
+          f"{best.get('weight', 1.0)} (fused alone {summary['dev_fused_ndcg@10']}); fp32 ONNX within "
           f"{check['fp32']['max_abs_diff']:.1e} of torch; wrote {out}")
     return 0
 
@@ -158,6 +159,8 @@ def add_parser(sub: Any) -> None:
     q.add_argument("--serve-doc-maxlen", type=int, dest="serve_doc_maxlen", help="passage ids when served")
     q.add_argument("--projection-lr", type=float, dest="projection_lr")
     q.add_argument("--dev-queries", type=int, dest="dev_queries", help="evaluate on a fixed sample of N dev queries")
+    q.add_argument("--distill", type=float, help="weight of a KL term towards the init encoder's own token vectors "
+                                                 "(the default late interaction); 0 = labels only")
     q.set_defaults(func=cmd_train_late_interaction)
     q = tsub.add_parser("card", help="append test figures (hybridrag eval --json files) to a trained model's card")
     q.add_argument("--model", required=True)

@@ -17,7 +17,6 @@ Needs torch and transformers (the ``bench`` extra); imported inside the function
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import sys
@@ -29,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from retrieval.evaluate import evaluate
-from training.data import Group, TrainingData, fused_run, make_groups, rerank_run
+from training.data import Group, TrainingData, fused_run, make_groups
+from training.selection import DevSelection
 
 
 @dataclass(frozen=True)
@@ -68,11 +68,11 @@ def score(model, tokenizer, torch, query: str, passages: list[str], max_length: 
     return out
 
 
-def dev_ndcg(model, tokenizer, torch, data: TrainingData, cfg: CrossEncoderTrainConfig) -> float:
-    scores = {qid: score(model, tokenizer, torch, data.queries[qid],
-                         [data.passages[d] for d in docs[:cfg.rerank_top]], cfg.max_length)
-              for qid, docs in data.dev_candidates.items()}
-    return evaluate(data.dev, rerank_run(data.dev_candidates, scores, cfg.rerank_top))["ndcg@10"]
+def dev_scores(model, tokenizer, torch, data: TrainingData, cfg: CrossEncoderTrainConfig) -> dict[str, list[float]]:
+    """The model's logits for each dev query's fused top ``rerank_top``."""
+    return {qid: score(model, tokenizer, torch, data.queries[qid], [data.passages[d] for d in docs[:cfg.rerank_top]],
+                       cfg.max_length)
+            for qid, docs in data.dev_candidates.items()}
 
 
 def step_loss(model, tokenizer, torch, groups: list[Group], data: TrainingData, cfg: CrossEncoderTrainConfig):
@@ -91,8 +91,8 @@ def step_loss(model, tokenizer, torch, groups: list[Group], data: TrainingData, 
     return torch.nn.functional.cross_entropy(logits, target)
 
 
-def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainConfig, *, progress: bool = True,
-                        log: list[dict[str, Any]] | None = None) -> tuple[Any, Any, dict[str, Any]]:
+def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainConfig, *, progress: bool = True
+                        ) -> tuple[Any, Any, dict[str, Any]]:
     """Train; returns (best model, tokenizer, summary). ``data`` must be mined (:func:`training.data.mine`)."""
     import torch
     import transformers
@@ -117,12 +117,11 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
     warm = max(1, int(steps * cfg.warmup))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
-    log = log if log is not None else []
     fused = evaluate(data.dev, fused_run(data.dev_candidates))["ndcg@10"] if data.dev_candidates else None
-    best = {"step": 0, "dev_ndcg@10": dev_ndcg(model, tokenizer, torch, data, cfg) if data.dev_candidates else None}
-    best_state = copy.deepcopy(model.state_dict())
-    log.append({"step": 0, "dev_ndcg@10": best["dev_ndcg@10"], "dev_fused_ndcg@10": fused})
-    stale, t0, losses = 0, time.perf_counter(), []
+    dev = DevSelection(lambda: dev_scores(model, tokenizer, torch, data, cfg), data.dev, data.dev_candidates,
+                       cfg.rerank_top, fused, patience=cfg.patience, progress=progress)
+    dev.evaluate(0, model)
+    t0, losses = time.perf_counter(), []
     bar = tqdm(range(steps), desc="train cross-encoder", disable=not progress, file=sys.stderr)
     for step in bar:
         model.train()
@@ -135,27 +134,15 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
         schedule.step()
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
-        if data.dev_candidates and ((step + 1) % cfg.eval_every == 0 or step + 1 == steps):
-            ndcg = dev_ndcg(model, tokenizer, torch, data, cfg)
-            log.append({"step": step + 1, "loss": round(float(np.mean(losses[-cfg.eval_every:])), 5), "dev_ndcg@10": ndcg,
-                        "seconds": round(time.perf_counter() - t0, 1)})
-            if progress:
-                bar.write(f"step {step + 1}: dev nDCG@10 {ndcg:.4f} (fused {fused:.4f}, best {best['dev_ndcg@10']:.4f} "
-                          f"at step {best['step']})")
-            if ndcg > best["dev_ndcg@10"]:
-                best, stale = {"step": step + 1, "dev_ndcg@10": ndcg}, 0
-                best_state = copy.deepcopy(model.state_dict())
-            else:
-                stale += 1
-                if stale >= cfg.patience:
-                    break
-    if data.dev_candidates:  # the best dev state; without a dev split, the last one
-        model.load_state_dict(best_state)
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == steps:
+            if dev.evaluate(step + 1, model, float(np.mean(losses[-cfg.eval_every:])), bar.write):
+                break
+    dev.restore(model)
     model.eval()
     summary = {"config": asdict(cfg), "init": str(init), "groups": len(groups), "steps_planned": steps,
-               "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": best,
+               "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": dev.best,
                "dev_fused_ndcg@10": fused, "dev_queries": len(data.dev_candidates), "dev_source": data.dev_source,
-               "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": log}
+               "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": dev.log}
     return model, tokenizer, summary
 
 

@@ -19,10 +19,15 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from index_builder.corpus import read_corpus, resolve_corpus_path
 from index_builder.errors import CorpusError
-from retrieval.evaluate import Qrels, load_qrels, load_queries
+from rerank.interpolation import WEIGHT_GRID
+from rerank.late_interaction import rerank_head
+from retrieval.evaluate import Qrels, evaluate, load_qrels, load_queries
 
 
 @dataclass(frozen=True)
@@ -140,15 +145,26 @@ def _weighted_sample(items: Sequence[str], weights: Sequence[float], k: int, rng
 
 
 def rerank_run(candidates: Mapping[str, list[str]], scores: Mapping[str, Sequence[float]],
-               top: int) -> dict[str, dict[str, float]]:
-    """A run where each query's first ``top`` candidates are reordered by ``scores`` and the rest keep their order
-    below them (what the cascade stage serves)."""
+               top: int, weight: float = 1.0) -> dict[str, dict[str, float]]:
+    """A run where each query's first ``top`` candidates are reordered by ``scores`` (blended with their incoming
+    order when ``weight`` < 1) and the rest keep their order below them: what the cascade stage serves, through the
+    same function (:func:`rerank.late_interaction.rerank_head`)."""
     run = {}
     for qid, docs in candidates.items():
-        head = sorted(zip(docs[:top], scores[qid], strict=True), key=lambda x: -x[1])
-        ordered = [d for d, _ in head] + docs[top:]
+        order = rerank_head(np.asarray(scores[qid], dtype=np.float32), len(docs), weight).order
+        ordered = [docs[i] for i in order.tolist()]
         run[qid] = {d: float(len(ordered) - i) for i, d in enumerate(ordered)}
     return run
+
+
+def dev_figures(qrels: Qrels, candidates: Mapping[str, list[str]], scores: Mapping[str, Sequence[float]],
+                top: int) -> dict[str, Any]:
+    """nDCG@10 of the reranked dev lists: the stage alone (``ndcg``), and blended with the fused order for each
+    weight of :data:`rerank.interpolation.WEIGHT_GRID` (``by_weight``; ``weight``/``blended``: the best of them)."""
+    by_weight = {w: evaluate(qrels, rerank_run(candidates, scores, top, w))["ndcg@10"] for w in WEIGHT_GRID}
+    best = max(WEIGHT_GRID, key=lambda w: (by_weight[w], w))  # ties: the larger weight (less of the prior)
+    return {"ndcg": by_weight[1.0], "weight": best, "blended": by_weight[best],
+            "by_weight": {str(w): round(v, 5) for w, v in by_weight.items()}}
 
 
 def fused_run(candidates: Mapping[str, list[str]]) -> dict[str, dict[str, float]]:

@@ -113,9 +113,11 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
         onnx = (f"- ONNX: `model.onnx` fp32 (max abs logit difference to torch {check['fp32']['max_abs_diff']:.2e}); "
                 f"`int8/model.onnx` dynamic int8 (max abs difference {check['int8']['max_abs_diff']:.3f}, Pearson "
                 f"{check['int8']['pearson']:.4f} with torch on {check['check_pairs']} pairs).")
+    stage_weight = "[rerank] li_weight" if li else "[rerank] ce_weight"
     serve = ('`[late_interaction] model = "<this folder>"`, then `hybridrag index tokens --index DIR --out NEW` '
              "recomputes the passages' token vectors (the dense side is kept)" if li else
              '`[cross_encoder] model = "<this folder>"` (or `<this folder>/int8`) and `[rerank] cross_encoder = true`')
+    serve += f"; `{stage_weight} = {best.get('weight', 1.0)}` serves the blend that did best on dev"
     lines = [
         f"# {out.name}: a {kind} model trained by `hybridrag train`",
         "",
@@ -132,9 +134,10 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
         f"{cfg['weight_decay']}, {int(cfg['warmup'] * 100)}% warm-up then linear decay; seed {cfg['seed']}.",
         f"- Steps: {summary['steps_run']} of {summary['steps_planned']} planned (early stopping: patience "
         f"{cfg['patience']} evaluations every {cfg['eval_every']} steps); wall time {summary['wall_s']} s.",
-        f"- Dev nDCG@10, reranking the fused top {cfg['rerank_top']}: best {best['dev_ndcg@10']} at step "
-        f"{best['step']} (step 0: {summary['log'][0]['dev_ndcg@10']}; the fused list alone: "
-        f"{summary['dev_fused_ndcg@10']}).",
+        f"- Dev nDCG@10, reranking the fused top {cfg['rerank_top']}: {best['dev_ndcg@10']} at step {best['step']}, "
+        f"the state kept (step 0: {summary['log'][0]['dev_ndcg@10']}; the fused list alone: "
+        f"{summary['dev_fused_ndcg@10']}); blended with the fused order (`{stage_weight}`): "
+        f"{best.get('dev_blended_ndcg@10')} at weight {best.get('weight', 1.0)}, the state's best.",
         onnx,
         "",
         f"Serve it: {serve}.",

@@ -14,12 +14,17 @@ projection. ``"random"`` gives the usual ColBERT start.
 Loss: per query, softmax cross-entropy of its positive among every document of the step (its own hard and random
 negatives and the other queries' documents: in-batch negatives), documents judged relevant to it masked out.
 AdamW, linear warm-up then decay, fixed seed. Every ``eval_every`` steps: dev nDCG@10 of the served fused list
-with its top ``rerank_top`` reordered by MaxSim; the best state is kept, patience stops training.
+with its top ``rerank_top`` reordered by MaxSim, alone and blended with the fused order (:mod:`training.selection`);
+the best state is kept, patience stops training.
+
+Distillation (``distill`` > 0): the ColBERT conventions start an untrained encoder below the encoder's own token
+vectors (the service's default late interaction: on NFCorpus the [MASK] vectors outvote 4-piece queries), and
+NFCorpus's judgments are many, graded and noisy. A KL term towards that default scorer (:class:`Teacher`, the
+frozen init encoder) keeps what it knows while the labels teach the rest.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import string
@@ -33,7 +38,8 @@ import numpy as np
 
 from index_builder.token_encoders import ColbertConventions
 from retrieval.evaluate import evaluate
-from training.data import Group, TrainingData, fused_run, make_groups, rerank_run
+from training.data import Group, TrainingData, fused_run, make_groups
+from training.selection import DevSelection
 
 PROJECTION_FILE = "projection.pt"
 
@@ -58,6 +64,7 @@ class LateInteractionTrainConfig:
     patience: int = 3
     rerank_top: int = 20
     dev_queries: int = 0  # 0 = every dev query; else a fixed-seed sample (evaluation encodes their candidates)
+    distill: float = 0.0  # weight of KL(teacher || student); teacher: the init encoder's own token vectors
     seed: int = 13
     threads: int = 0
 
@@ -142,29 +149,66 @@ def pca_projection(torch, model, enc: Encoder, passages: list[str], dim: int) ->
     return vecs[:, -dim:].flip(-1).T.float().contiguous()
 
 
-def dev_ndcg(torch, enc: Encoder, data: TrainingData, dev_ids: list[str], cfg: LateInteractionTrainConfig) -> float:
+def dev_scores(torch, enc: Encoder, data: TrainingData, dev_ids: list[str], cfg: LateInteractionTrainConfig
+               ) -> dict[str, list[float]]:
+    """MaxSim of each dev query against its fused top ``rerank_top`` (each passage encoded once)."""
     enc.model.eval()
     candidates = {q: data.dev_candidates[q] for q in dev_ids}
     docs = sorted({d for q in dev_ids for d in candidates[q][:cfg.rerank_top]})
     # encode longest first in batches of similar length (less padding)
     order = sorted(docs, key=lambda d: -len(data.passages[d]))
     vectors: dict[str, Any] = {}
+    scores: dict[str, list[float]] = {}
     with torch.no_grad():
         for i in range(0, len(order), 32):
             chunk = order[i:i + 32]
             d, keep = enc.documents([data.passages[x] for x in chunk])
             for j, x in enumerate(chunk):
                 vectors[x] = d[j][keep[j]]
-        scores = {}
         for i in range(0, len(dev_ids), 64):
             qids = dev_ids[i:i + 64]
             qv = enc.queries([data.queries[q] for q in qids])
             for j, q in enumerate(qids):
                 scores[q] = [float((qv[j] @ vectors[x].T).max(dim=-1).values.sum()) for x in candidates[q][:cfg.rerank_top]]
-    return evaluate({q: data.dev[q] for q in dev_ids}, rerank_run(candidates, scores, cfg.rerank_top))["ndcg@10"]
+    return scores
 
 
-def step_loss(torch, enc: Encoder, groups: list[Group], data: TrainingData):
+class Teacher:
+    """Distillation teacher: the init encoder's own token vectors scored by MaxSim, as the service's default late
+    interaction scores them (``[CLS] text [SEP]``, special tokens dropped, vectors L2-normalised), frozen.
+
+    The mean over the query's tokens is scaled by ``query_maxlen`` so the teacher's logits sit on the student's
+    scale (a sum over ``query_maxlen`` vectors)."""
+
+    def __init__(self, torch, bert, tokenizer, cfg: LateInteractionTrainConfig) -> None:
+        self.torch, self.bert, self.tokenizer, self.cfg = torch, bert, tokenizer, cfg
+        for p in bert.parameters():
+            p.requires_grad_(False)
+        bert.eval()
+
+    def _encode(self, texts: list[str], maxlen: int):
+        t = self.torch
+        enc = self.tokenizer(texts, truncation=True, max_length=maxlen, padding=True, return_tensors="pt",
+                             return_special_tokens_mask=True)
+        h = self.bert(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                      token_type_ids=t.zeros_like(enc["input_ids"])).last_hidden_state
+        keep = enc["attention_mask"].bool() & ~enc["special_tokens_mask"].bool()
+        return t.nn.functional.normalize(h, dim=-1), keep
+
+    def scores(self, queries: list[str], passages: list[str]):
+        """[B, N] teacher logits."""
+        with self.torch.no_grad():
+            q, qk = self._encode(queries, 64)
+            d, dk = self._encode(passages, self.cfg.doc_maxlen)
+            sim = self.torch.einsum("bqd,ntd->bnqt", q, d).masked_fill(~dk[None, :, None, :], -1e4)
+            best = sim.max(dim=-1).values.masked_fill(~qk[:, None, :], 0.0)  # [B, N, Lq]
+            return best.sum(-1) / qk.sum(-1, keepdim=True).clamp(min=1) * self.cfg.query_maxlen
+
+
+def step_loss(torch, enc: Encoder, groups: list[Group], data: TrainingData, teacher: Teacher | None = None,
+              distill: float = 0.0):
+    """Listwise cross-entropy of each query's positive among the step's documents; with a ``teacher``, plus
+    ``distill`` x KL(teacher || student) over the same lists."""
     docs: list[str] = []
     for g in groups:
         for d in (g.positive, *g.negatives):
@@ -180,7 +224,14 @@ def step_loss(torch, enc: Encoder, groups: list[Group], data: TrainingData):
         for x in data.positives(g.qid):
             if x in index and x != g.positive:
                 relevant[b, index[x]] = True
-    return torch.nn.functional.cross_entropy(scores.masked_fill(relevant, -1e4), target)
+    logits = scores.masked_fill(relevant, -1e4)
+    loss = torch.nn.functional.cross_entropy(logits, target)
+    if teacher is not None and distill > 0:
+        t = teacher.scores([g.query for g in groups], [data.passages[x] for x in docs]).masked_fill(relevant, -1e4)
+        kl = torch.nn.functional.kl_div(torch.log_softmax(logits, -1), torch.log_softmax(t, -1), log_target=True,
+                                        reduction="batchmean")
+        loss = loss + distill * kl
+    return loss
 
 
 def initial_model(torch, transformers, init: Path, cfg: LateInteractionTrainConfig, data: TrainingData):
@@ -232,25 +283,27 @@ def train_late_interaction(data: TrainingData, init: Path, cfg: LateInteractionT
     warm = max(1, int(steps * cfg.warmup))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
+    teacher = None
+    if cfg.distill > 0:
+        source = Path(init) / "torch" if (Path(init) / "torch" / PROJECTION_FILE).is_file() else init
+        teacher = Teacher(torch, transformers.AutoModel.from_pretrained(
+            str(source), local_files_only=True, attn_implementation="eager", add_pooling_layer=False), tokenizer, cfg)
     dev_ids = sorted(data.dev_candidates)
     if cfg.dev_queries and cfg.dev_queries < len(dev_ids):
         dev_ids = sorted(random.Random(cfg.seed).sample(dev_ids, cfg.dev_queries))
     dev_qrels = {q: data.dev[q] for q in dev_ids}
-    fused = evaluate(dev_qrels, fused_run({q: data.dev_candidates[q] for q in dev_ids}))["ndcg@10"] if dev_ids else None
+    dev_candidates = {q: data.dev_candidates[q] for q in dev_ids}
+    fused = evaluate(dev_qrels, fused_run(dev_candidates))["ndcg@10"] if dev_ids else None
+    dev = DevSelection(lambda: dev_scores(torch, enc, data, dev_ids, cfg), dev_qrels, dev_candidates, cfg.rerank_top,
+                       fused, patience=cfg.patience, progress=progress)
     t0 = time.perf_counter()
-    start = dev_ndcg(torch, enc, data, dev_ids, cfg) if dev_ids else None
-    if progress and dev_ids:
-        print(f"step 0: dev nDCG@10 {start:.4f} (fused {fused:.4f}; {len(dev_ids)} dev queries, "
-              f"{time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-    best = {"step": 0, "dev_ndcg@10": start}
-    best_state = copy.deepcopy(model.state_dict())
-    log: list[dict[str, Any]] = [{"step": 0, "dev_ndcg@10": start, "dev_fused_ndcg@10": fused}]
-    stale, losses = 0, []
+    dev.evaluate(0, model)
+    losses: list[float] = []
     bar = tqdm(range(steps), desc="train late-interaction", disable=not progress, file=sys.stderr)
     for step in bar:
         model.train()
         batch = [groups[(step * cfg.queries_per_step + i) % len(groups)] for i in range(cfg.queries_per_step)]
-        loss = step_loss(torch, enc, batch, data)
+        loss = step_loss(torch, enc, batch, data, teacher, cfg.distill)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -258,27 +311,15 @@ def train_late_interaction(data: TrainingData, init: Path, cfg: LateInteractionT
         schedule.step()
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
-        if dev_ids and ((step + 1) % cfg.eval_every == 0 or step + 1 == steps):
-            ndcg = dev_ndcg(torch, enc, data, dev_ids, cfg)
-            log.append({"step": step + 1, "loss": round(float(np.mean(losses[-cfg.eval_every:])), 5),
-                        "dev_ndcg@10": ndcg, "seconds": round(time.perf_counter() - t0, 1)})
-            if progress:
-                bar.write(f"step {step + 1}: dev nDCG@10 {ndcg:.4f} (fused {fused:.4f}, best {best['dev_ndcg@10']:.4f} "
-                          f"at step {best['step']})")
-            if ndcg > best["dev_ndcg@10"]:
-                best, stale = {"step": step + 1, "dev_ndcg@10": ndcg}, 0
-                best_state = copy.deepcopy(model.state_dict())
-            else:
-                stale += 1
-                if stale >= cfg.patience:
-                    break
-    if dev_ids:
-        model.load_state_dict(best_state)
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == steps:
+            if dev.evaluate(step + 1, model, float(np.mean(losses[-cfg.eval_every:])), bar.write):
+                break
+    dev.restore(model)
     model.eval()
     summary = {"config": asdict(cfg), "init": str(init), "groups": len(groups), "steps_planned": steps,
-               "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": best,
+               "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": dev.best,
                "dev_fused_ndcg@10": fused, "dev_queries": len(dev_ids), "dev_source": data.dev_source,
-               "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": log}
+               "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": dev.log}
     return model, tokenizer, conv, summary
 
 
