@@ -119,7 +119,7 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
         optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
     fused = evaluate(data.dev, fused_run(data.dev_candidates))["ndcg@10"] if data.dev_candidates else None
     dev = DevSelection(lambda: dev_scores(model, tokenizer, torch, data, cfg), data.dev, data.dev_candidates,
-                       cfg.rerank_top, fused, patience=cfg.patience, progress=progress)
+                       fused, patience=cfg.patience, progress=progress)
     dev.evaluate(0, model)
     t0, losses = time.perf_counter(), []
     bar = tqdm(range(steps), desc="train cross-encoder", disable=not progress, file=sys.stderr)

@@ -145,8 +145,8 @@ def _weighted_sample(items: Sequence[str], weights: Sequence[float], k: int, rng
 
 
 def rerank_run(candidates: Mapping[str, list[str]], scores: Mapping[str, Sequence[float]],
-               top: int, weight: float = 1.0) -> dict[str, dict[str, float]]:
-    """A run where each query's first ``top`` candidates are reordered by ``scores`` (blended with their incoming
+               weight: float = 1.0) -> dict[str, dict[str, float]]:
+    """A run where each query's first ``len(scores[q])`` candidates are reordered by ``scores`` (blended with their incoming
     order when ``weight`` < 1) and the rest keep their order below them: what the cascade stage serves, through the
     same function (:func:`rerank.late_interaction.rerank_head`)."""
     run = {}
@@ -157,11 +157,11 @@ def rerank_run(candidates: Mapping[str, list[str]], scores: Mapping[str, Sequenc
     return run
 
 
-def dev_figures(qrels: Qrels, candidates: Mapping[str, list[str]], scores: Mapping[str, Sequence[float]],
-                top: int) -> dict[str, Any]:
+def dev_figures(qrels: Qrels, candidates: Mapping[str, list[str]], scores: Mapping[str, Sequence[float]]
+                ) -> dict[str, Any]:
     """nDCG@10 of the reranked dev lists: the stage alone (``ndcg``), and blended with the fused order for each
     weight of :data:`rerank.interpolation.WEIGHT_GRID` (``by_weight``; ``weight``/``blended``: the best of them)."""
-    by_weight = {w: evaluate(qrels, rerank_run(candidates, scores, top, w))["ndcg@10"] for w in WEIGHT_GRID}
+    by_weight = {w: evaluate(qrels, rerank_run(candidates, scores, w))["ndcg@10"] for w in WEIGHT_GRID}
     best = max(WEIGHT_GRID, key=lambda w: (by_weight[w], w))  # ties: the larger weight (less of the prior)
     return {"ndcg": by_weight[1.0], "weight": best, "blended": by_weight[best],
             "by_weight": {str(w): round(v, 5) for w, v in by_weight.items()}}

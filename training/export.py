@@ -76,7 +76,6 @@ def export_cross_encoder(model, tokenizer, out: Path, check_pairs: Sequence[tupl
     return _verdict(out, report)
 
 
-
 def _verdict(out: Path, report: dict[str, Any]) -> dict[str, Any]:
     """fp32 must match torch within FP32_TOLERANCE; the report goes to ``onnx_check.json`` either way."""
     report["fp32"]["passed"] = report["fp32"]["max_abs_diff"] <= FP32_TOLERANCE

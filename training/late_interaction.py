@@ -25,6 +25,7 @@ frozen init encoder) keeps what it knows while the labels teach the rest.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import string
@@ -285,17 +286,15 @@ def train_late_interaction(data: TrainingData, init: Path, cfg: LateInteractionT
         optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
     teacher = None
     if cfg.distill > 0:
-        source = Path(init) / "torch" if (Path(init) / "torch" / PROJECTION_FILE).is_file() else init
-        teacher = Teacher(torch, transformers.AutoModel.from_pretrained(
-            str(source), local_files_only=True, attn_implementation="eager", add_pooling_layer=False), tokenizer, cfg)
+        teacher = Teacher(torch, copy.deepcopy(model.bert), tokenizer, cfg)  # the step-0 encoder, frozen
     dev_ids = sorted(data.dev_candidates)
     if cfg.dev_queries and cfg.dev_queries < len(dev_ids):
         dev_ids = sorted(random.Random(cfg.seed).sample(dev_ids, cfg.dev_queries))
     dev_qrels = {q: data.dev[q] for q in dev_ids}
     dev_candidates = {q: data.dev_candidates[q] for q in dev_ids}
     fused = evaluate(dev_qrels, fused_run(dev_candidates))["ndcg@10"] if dev_ids else None
-    dev = DevSelection(lambda: dev_scores(torch, enc, data, dev_ids, cfg), dev_qrels, dev_candidates, cfg.rerank_top,
-                       fused, patience=cfg.patience, progress=progress)
+    dev = DevSelection(lambda: dev_scores(torch, enc, data, dev_ids, cfg), dev_qrels, dev_candidates, fused,
+                       patience=cfg.patience, progress=progress)
     t0 = time.perf_counter()
     dev.evaluate(0, model)
     losses: list[float] = []

@@ -18,13 +18,13 @@ from training.data import dev_figures
 
 
 class DevSelection:
-    """``scores()`` returns the model's scores for each dev query's first ``top`` candidates (dev query id ->
+    """``scores()`` returns the model's scores for the head of each dev query's candidates (dev query id ->
     scores); ``qrels`` and ``candidates`` are the dev judgments and fused lists; ``fused`` their nDCG@10."""
 
     def __init__(self, scores: Callable[[], Mapping[str, Sequence[float]]], qrels: Mapping[str, Any],
-                 candidates: Mapping[str, list[str]], top: int, fused: float | None, *, patience: int,
+                 candidates: Mapping[str, list[str]], fused: float | None, *, patience: int,
                  progress: bool) -> None:
-        self.scores, self.qrels, self.candidates, self.top, self.fused = scores, qrels, candidates, top, fused
+        self.scores, self.qrels, self.candidates, self.fused = scores, qrels, candidates, fused
         self.patience, self.progress = patience, progress
         self.enabled = bool(candidates)
         self.log: list[dict[str, Any]] = []
@@ -37,7 +37,7 @@ class DevSelection:
         """Evaluate ``model`` after ``step`` steps; keep its state if best. Returns True when patience ran out."""
         if not self.enabled:
             return False
-        figs = dev_figures(self.qrels, self.candidates, self.scores(), self.top)
+        figs = dev_figures(self.qrels, self.candidates, self.scores())
         entry: dict[str, Any] = {"step": step}
         if loss is not None:
             entry["loss"] = round(loss, 5)
