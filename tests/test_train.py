@@ -213,3 +213,28 @@ def test_distillation_teacher_is_the_served_default_and_dev_selection_picks_a_we
     best = summary["best"]
     assert best["weight"] in WEIGHT_GRID and best["dev_blended_ndcg@10"] >= best["dev_ndcg@10"]
     assert best["dev_blended_ndcg@10"] == max(e["dev_blended_ndcg@10"] for e in summary["log"])
+
+
+def test_runtime_falls_back_and_refuses_unknown_values():
+    from training.runtime import cpu_has_bf16, resolve_runtime
+
+    cpu = resolve_runtime(torch, "cpu", "fp32")
+    assert cpu.device == "cpu" and not cpu.bf16
+    assert resolve_runtime(torch, "cpu", "auto").bf16 == cpu_has_bf16(torch)
+    if not torch.cuda.is_available():
+        assert resolve_runtime(torch, "cuda", "fp32").device == "cpu"  # a log line, not a crash
+    with pytest.raises(ValueError, match="device must be one of"):
+        resolve_runtime(torch, "tpu", "auto")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_runtime(torch, "cpu", "fp16")
+
+
+def test_retrieved_positives_are_the_first_stage_pool(sample_train, pipeline):
+    data = load_training_data(sample_train, "train", dev_fraction=0.25, seed=3)
+    mine(data, pipeline, depth=3, dev_depth=5)
+    every = make_groups(data, hard=2, random_negatives=1, seed=0)
+    retrieved = make_groups(data, hard=2, random_negatives=1, seed=0, positives="retrieved")
+    assert retrieved and all(g.positive in data.retrieved[g.qid] for g in retrieved)
+    assert {(g.qid, g.positive) for g in retrieved} <= {(g.qid, g.positive) for g in every}
+    with pytest.raises(ValueError, match="positives must be one of"):
+        make_groups(data, hard=2, random_negatives=1, seed=0, positives="judged")

@@ -134,6 +134,9 @@ def _common(q: Any) -> None:
     q.add_argument("--rerank-top", type=int, dest="rerank_top", help="dev evaluation: rerank the fused top N")
     q.add_argument("--seed", type=int)
     q.add_argument("--threads", type=int)
+    q.add_argument("--device", choices=("auto", "cpu", "cuda"), help="torch device (auto: CUDA when present)")
+    q.add_argument("--precision", choices=("auto", "bf16", "fp32"),
+                   help="auto: bf16 autocast where the device has native bf16 (CUDA, AMX / AVX512-BF16 CPUs), else fp32")
     q.add_argument("--config", help="TOML configuration (index and first stage)")
     q.add_argument("--quiet", action="store_true")
     q.add_argument("-v", "--verbose", action="store_true")
@@ -146,6 +149,8 @@ def add_parser(sub: Any) -> None:
                                               "early stopping) and export it to ONNX (fp32 and int8)")
     _common(q)
     q.add_argument("--groups-per-step", type=int, dest="groups_per_step")
+    q.add_argument("--positives", choices=("all", "retrieved"),
+                   help="training positives: every judged one, or only those the first stage retrieves")
     q.add_argument("--max-length", type=int, dest="max_length")
     q.set_defaults(func=cmd_train_cross_encoder)
     q = tsub.add_parser("late-interaction", help="fine-tune a ColBERT-style model (ColBERT conventions, listwise loss "

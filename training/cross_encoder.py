@@ -7,7 +7,9 @@ serving side's convention, :class:`index_builder.models.CrossEncoder`).
 
 Loss: listwise softmax cross-entropy: per group (query, positive, hard and random negatives; see
 :mod:`training.data`) the positive's log-probability among the group's logits. In-batch negatives: the other
-groups' positives in the step are added to each group (``in_batch``). AdamW, linear warm-up then linear decay,
+groups' positives in the step are added to each group (``in_batch``), except those judged relevant to its query.
+``positives = "retrieved"`` trains only on positives the first stage finds (:func:`training.data.make_groups`).
+Device and precision come from :mod:`training.runtime` (bf16 autocast on CPUs with AMX, CUDA when present). AdamW, linear warm-up then linear decay,
 a fixed seed. Every ``eval_every`` steps the model reranks the top ``rerank_top`` of the served fused list of every
 dev query; nDCG@10 of that list against the fused list's is logged, the best state is kept, and training stops
 after ``patience`` evaluations without a gain. The best state is exported (:mod:`training.export`).
@@ -29,6 +31,7 @@ import numpy as np
 
 from retrieval.evaluate import evaluate
 from training.data import Group, TrainingData, fused_run, make_groups
+from training.runtime import TorchRuntime, resolve_runtime
 from training.selection import DevSelection
 
 
@@ -37,6 +40,7 @@ class CrossEncoderTrainConfig:
     max_length: int = 128
     hard_negatives: int = 7
     random_negatives: int = 1
+    positives: str = "all"  # "retrieved": only positives the first stage found (training.data.make_groups)
     in_batch: bool = True
     groups_per_step: int = 4
     lr: float = 3e-5
@@ -50,44 +54,54 @@ class CrossEncoderTrainConfig:
     rerank_top: int = 5
     seed: int = 13
     threads: int = 0  # torch threads (0 = torch's default)
+    device: str = "auto"  # training.runtime: CUDA when present, else the CPU
+    precision: str = "auto"  # training.runtime: bf16 autocast where the device has it natively, else fp32
 
 
-def _pairs_logits(model, tokenizer, torch, queries: list[str], passages: list[str], max_length: int):
+def _pairs_logits(model, tokenizer, torch, queries: list[str], passages: list[str], max_length: int,
+                  runtime: TorchRuntime | None = None):
+    """fp32 logits [n] of the pairs (computed under ``runtime``'s autocast, on its device)."""
+    runtime = runtime or TorchRuntime("cpu", False)
     enc = tokenizer(queries, passages, truncation="only_second", max_length=max_length, padding=True,
-                    return_tensors="pt")
-    return model(**enc).logits.squeeze(-1)
+                    return_tensors="pt").to(runtime.device)
+    with runtime.autocast(torch):
+        return model(**enc).logits.squeeze(-1).float()
 
 
-def score(model, tokenizer, torch, query: str, passages: list[str], max_length: int, batch: int = 32) -> list[float]:
+def score(model, tokenizer, torch, query: str, passages: list[str], max_length: int, batch: int = 32,
+          runtime: TorchRuntime | None = None) -> list[float]:
     model.eval()
     out: list[float] = []
     with torch.no_grad():
         for i in range(0, len(passages), batch):
             chunk = passages[i:i + batch]
-            out.extend(_pairs_logits(model, tokenizer, torch, [query] * len(chunk), chunk, max_length).tolist())
+            out.extend(_pairs_logits(model, tokenizer, torch, [query] * len(chunk), chunk, max_length, runtime).tolist())
     return out
 
 
-def dev_scores(model, tokenizer, torch, data: TrainingData, cfg: CrossEncoderTrainConfig) -> dict[str, list[float]]:
+def dev_scores(model, tokenizer, torch, data: TrainingData, cfg: CrossEncoderTrainConfig,
+               runtime: TorchRuntime | None = None) -> dict[str, list[float]]:
     """The model's logits for each dev query's fused top ``rerank_top``."""
     return {qid: score(model, tokenizer, torch, data.queries[qid], [data.passages[d] for d in docs[:cfg.rerank_top]],
-                       cfg.max_length)
+                       cfg.max_length, runtime=runtime)
             for qid, docs in data.dev_candidates.items()}
 
 
-def step_loss(model, tokenizer, torch, groups: list[Group], data: TrainingData, cfg: CrossEncoderTrainConfig):
+def step_loss(model, tokenizer, torch, groups: list[Group], data: TrainingData, cfg: CrossEncoderTrainConfig,
+              runtime: TorchRuntime | None = None):
     """Listwise softmax cross-entropy of one step's groups (positive at index 0 of each group's list)."""
     lists = []
     for g in groups:
         docs = [g.positive, *g.negatives]
-        if cfg.in_batch:
-            docs += [o.positive for o in groups if o is not g and o.positive not in docs]
+        if cfg.in_batch:  # the other groups' positives, unless judged relevant to this query too
+            relevant = set(data.positives(g.qid))
+            docs += [o.positive for o in groups if o is not g and o.positive not in docs and o.positive not in relevant]
         lists.append(docs)
     width = min(len(d) for d in lists)  # equal widths: one logits matrix
     queries = [g.query for g, docs in zip(groups, lists, strict=True) for _ in docs[:width]]
     passages = [data.passages[d] for docs in lists for d in docs[:width]]
-    logits = _pairs_logits(model, tokenizer, torch, queries, passages, cfg.max_length).view(len(groups), width)
-    target = torch.zeros(len(groups), dtype=torch.long)
+    logits = _pairs_logits(model, tokenizer, torch, queries, passages, cfg.max_length, runtime).view(len(groups), width)
+    target = torch.zeros(len(groups), dtype=torch.long, device=logits.device)
     return torch.nn.functional.cross_entropy(logits, target)
 
 
@@ -106,7 +120,12 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(init), local_files_only=True)
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
         str(init), num_labels=1, local_files_only=True, attn_implementation="eager")
-    groups = make_groups(data, hard=cfg.hard_negatives, random_negatives=cfg.random_negatives, seed=cfg.seed)
+    runtime = resolve_runtime(torch, cfg.device, cfg.precision)
+    model.to(runtime.device)
+    if progress:
+        print(f"training on {runtime.describe()}", file=sys.stderr)
+    groups = make_groups(data, hard=cfg.hard_negatives, random_negatives=cfg.random_negatives, seed=cfg.seed,
+                         positives=cfg.positives)
     if not groups:
         raise ValueError("no training groups: no judged query has a positive in the corpus")
     steps = cfg.max_steps or max(1, int(len(groups) * cfg.epochs / cfg.groups_per_step))
@@ -118,7 +137,7 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
     fused = evaluate(data.dev, fused_run(data.dev_candidates))["ndcg@10"] if data.dev_candidates else None
-    dev = DevSelection(lambda: dev_scores(model, tokenizer, torch, data, cfg), data.dev, data.dev_candidates,
+    dev = DevSelection(lambda: dev_scores(model, tokenizer, torch, data, cfg, runtime), data.dev, data.dev_candidates,
                        fused, patience=cfg.patience, progress=progress)
     dev.evaluate(0, model)
     t0, losses = time.perf_counter(), []
@@ -126,7 +145,7 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
     for step in bar:
         model.train()
         batch = [groups[(step * cfg.groups_per_step + i) % len(groups)] for i in range(cfg.groups_per_step)]
-        loss = step_loss(model, tokenizer, torch, batch, data, cfg)
+        loss = step_loss(model, tokenizer, torch, batch, data, cfg, runtime)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -138,8 +157,8 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
             if dev.evaluate(step + 1, model, float(np.mean(losses[-cfg.eval_every:])), bar.write):
                 break
     dev.restore(model)
-    model.eval()
-    summary = {"config": asdict(cfg), "init": str(init), "groups": len(groups), "steps_planned": steps,
+    model.to("cpu").eval()
+    summary = {"config": asdict(cfg), "runtime": runtime.describe(), "init": str(init), "groups": len(groups), "steps_planned": steps,
                "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": dev.best,
                "dev_fused_ndcg@10": fused, "dev_queries": len(data.dev_candidates), "dev_source": data.dev_source,
                "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": dev.log}

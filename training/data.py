@@ -46,6 +46,7 @@ class TrainingData:
     dev: Qrels
     dev_source: str  # "qrels/dev.tsv" or "held out from <split> (seed S, fraction F)"
     mined: dict[str, list[str]] = field(default_factory=dict)  # query id -> hard negatives, best first
+    retrieved: dict[str, set[str]] = field(default_factory=dict)  # query id -> every doc of its first-stage pool
     dev_candidates: dict[str, list[str]] = field(default_factory=dict)  # dev query id -> fused list, best first
 
     def positives(self, qid: str) -> list[str]:
@@ -97,12 +98,15 @@ def mine(data: TrainingData, pipeline, *, depth: int = 30, dev_depth: int = 100,
     for i, qid in enumerate(sorted(data.train)):
         result = pipeline.search(data.queries[qid], depth, stages=("bm25", "dense"), candidates=depth, use_cache=False)
         seen: list[str] = []
+        pool: set[str] = set()
         for stage in ("bm25", "dense"):
             for d in result.stages.get(stage, result.hits).doc.tolist():
                 doc_id = index.documents[d].id
+                pool.add(doc_id)
                 if doc_id not in judged[qid] and doc_id not in seen:
                     seen.append(doc_id)
         data.mined[qid] = seen
+        data.retrieved[qid] = pool
         if log_every and (i + 1) % log_every == 0:
             print(f"mined {i + 1}/{len(data.train)} training queries", flush=True)
     for qid in sorted(data.dev):
@@ -111,9 +115,19 @@ def mine(data: TrainingData, pipeline, *, depth: int = 30, dev_depth: int = 100,
         data.dev_candidates[qid] = result.doc_ids()
 
 
-def make_groups(data: TrainingData, *, hard: int, random_negatives: int, seed: int) -> list[Group]:
+POSITIVES = ("all", "retrieved")
+
+
+def make_groups(data: TrainingData, *, hard: int, random_negatives: int, seed: int, positives: str = "all"
+                ) -> list[Group]:
     """One group per (training query, positive): ``hard`` negatives sampled from the mined pool (the pool's top
-    half twice as likely) and ``random_negatives`` from the corpus, none judged relevant."""
+    half twice as likely) and ``random_negatives`` from the corpus, none judged relevant.
+
+    ``positives = "retrieved"`` keeps only the positives that the first stage found (BM25 or dense top
+    ``depth`` when mined): the documents a reranker of that first stage has to order. On a corpus with many
+    judgments per query (NFCorpus: 43 per training query) most positives are never retrieved."""
+    if positives not in POSITIVES:
+        raise ValueError(f"positives must be one of {POSITIVES}, got {positives!r}")
     rng = random.Random(seed)
     doc_ids = sorted(data.passages)
     groups = []
@@ -121,7 +135,7 @@ def make_groups(data: TrainingData, *, hard: int, random_negatives: int, seed: i
         pool = data.mined.get(qid, [])
         relevant = set(data.positives(qid)) | {d for d, r in data.dev.get(qid, {}).items() if r > 0}
         for pos in data.positives(qid):
-            if pos not in data.passages:
+            if pos not in data.passages or (positives == "retrieved" and pos not in data.retrieved.get(qid, ())):
                 continue
             weights = [2.0 if i < len(pool) // 2 else 1.0 for i in range(len(pool))]
             negatives = _weighted_sample(pool, weights, min(hard, len(pool)), rng)

@@ -40,6 +40,7 @@ import numpy as np
 from index_builder.token_encoders import ColbertConventions
 from retrieval.evaluate import evaluate
 from training.data import Group, TrainingData, fused_run, make_groups
+from training.runtime import TorchRuntime, resolve_runtime
 from training.selection import DevSelection
 
 PROJECTION_FILE = "projection.pt"
@@ -68,6 +69,8 @@ class LateInteractionTrainConfig:
     distill: float = 0.0  # weight of KL(teacher || student); teacher: the init encoder's own token vectors
     seed: int = 13
     threads: int = 0
+    device: str = "auto"  # training.runtime: CUDA when present, else the CPU
+    precision: str = "auto"  # training.runtime: bf16 autocast where the device has it natively, else fp32
 
     def __post_init__(self) -> None:
         if self.projection_init not in ("pca", "random"):
@@ -98,7 +101,7 @@ def make_model(torch, bert, dim: int):
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(input_ids)
             h = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-            return torch.nn.functional.normalize(self.linear(h.last_hidden_state), dim=-1)
+            return torch.nn.functional.normalize(self.linear(h.last_hidden_state).float(), dim=-1)
 
     return Colbert()
 
@@ -106,23 +109,28 @@ def make_model(torch, bert, dim: int):
 class Encoder:
     """Ids (exactly as the serving side builds them) and torch encoding for one model."""
 
-    def __init__(self, torch, model, tokenizer, conv: ColbertConventions, cfg: LateInteractionTrainConfig) -> None:
+    def __init__(self, torch, model, tokenizer, conv: ColbertConventions, cfg: LateInteractionTrainConfig,
+                 runtime: TorchRuntime | None = None) -> None:
         self.torch, self.model, self.tokenizer, self.conv, self.cfg = torch, model, tokenizer, conv, cfg
+        self.runtime = runtime or TorchRuntime("cpu", False)
+
+    def _run(self, ids, mask):
+        t, dev = self.torch, self.runtime.device
+        with self.runtime.autocast(t):
+            return self.model(t.from_numpy(ids).to(dev), t.from_numpy(mask).to(dev))
 
     def _content(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]
 
     def queries(self, texts: list[str]):
         ids, mask = self.conv.query_ids(self._content(texts), self.cfg.query_maxlen)
-        t = self.torch
-        return self.model(t.from_numpy(ids), t.from_numpy(mask))  # [n, query_maxlen, dim], all scored
+        return self._run(ids, mask)  # [n, query_maxlen, dim], all scored
 
     def documents(self, texts: list[str], maxlen: int | None = None):
         maxlen = maxlen or self.cfg.doc_maxlen
         rows = [self.conv.doc_row(c, maxlen) for c in self._content(texts)]
         ids, mask, keep = self.conv.doc_batch(rows)
-        t = self.torch
-        return self.model(t.from_numpy(ids), t.from_numpy(mask)), t.from_numpy(keep)
+        return self._run(ids, mask), self.torch.from_numpy(keep).to(self.runtime.device)
 
 
 def maxsim(torch, q, d, keep):
@@ -140,11 +148,10 @@ def pca_projection(torch, model, enc: Encoder, passages: list[str], dim: int) ->
     with torch.no_grad():
         for i in range(0, len(passages), 32):
             rows = [enc.conv.doc_row(c, enc.cfg.doc_maxlen) for c in enc._content(passages[i:i + 32])]
-            ids, mask, keep = enc.conv.doc_batch(rows)
-            h = model.bert(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                           token_type_ids=torch.zeros_like(torch.from_numpy(ids))).last_hidden_state
+            ids, mask, keep = (torch.from_numpy(x).to(enc.runtime.device) for x in enc.conv.doc_batch(rows))
+            h = model.bert(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)).last_hidden_state
             h = torch.nn.functional.normalize(h, dim=-1)
-            states.append(h[torch.from_numpy(keep)])
+            states.append(h[keep])
     x = torch.cat(states).double()
     _, vecs = torch.linalg.eigh(x.T @ x)  # ascending eigenvalues
     return vecs[:, -dim:].flip(-1).T.float().contiguous()
@@ -181,8 +188,10 @@ class Teacher:
     The mean over the query's tokens is scaled by ``query_maxlen`` so the teacher's logits sit on the student's
     scale (a sum over ``query_maxlen`` vectors)."""
 
-    def __init__(self, torch, bert, tokenizer, cfg: LateInteractionTrainConfig) -> None:
+    def __init__(self, torch, bert, tokenizer, cfg: LateInteractionTrainConfig, runtime: TorchRuntime | None = None
+                 ) -> None:
         self.torch, self.bert, self.tokenizer, self.cfg = torch, bert, tokenizer, cfg
+        self.runtime = runtime or TorchRuntime("cpu", False)
         for p in bert.parameters():
             p.requires_grad_(False)
         bert.eval()
@@ -190,9 +199,10 @@ class Teacher:
     def _encode(self, texts: list[str], maxlen: int):
         t = self.torch
         enc = self.tokenizer(texts, truncation=True, max_length=maxlen, padding=True, return_tensors="pt",
-                             return_special_tokens_mask=True)
-        h = self.bert(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                      token_type_ids=t.zeros_like(enc["input_ids"])).last_hidden_state
+                             return_special_tokens_mask=True).to(self.runtime.device)
+        with self.runtime.autocast(t):
+            h = self.bert(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                          token_type_ids=t.zeros_like(enc["input_ids"])).last_hidden_state.float()
         keep = enc["attention_mask"].bool() & ~enc["special_tokens_mask"].bool()
         return t.nn.functional.normalize(h, dim=-1), keep
 
@@ -219,7 +229,7 @@ def step_loss(torch, enc: Encoder, groups: list[Group], data: TrainingData, teac
     d, keep = enc.documents([data.passages[x] for x in docs])
     scores = maxsim(torch, q, d, keep)  # [B, N]
     index = {x: i for i, x in enumerate(docs)}
-    target = torch.tensor([index[g.positive] for g in groups])
+    target = torch.tensor([index[g.positive] for g in groups], device=scores.device)
     relevant = torch.zeros_like(scores, dtype=torch.bool)
     for b, g in enumerate(groups):  # the query's other judged-relevant documents are not negatives
         for x in data.positives(g.qid):
@@ -235,9 +245,11 @@ def step_loss(torch, enc: Encoder, groups: list[Group], data: TrainingData, teac
     return loss
 
 
-def initial_model(torch, transformers, init: Path, cfg: LateInteractionTrainConfig, data: TrainingData):
+def initial_model(torch, transformers, init: Path, cfg: LateInteractionTrainConfig, data: TrainingData,
+                  runtime: TorchRuntime | None = None):
     """(model, tokenizer, conventions, encoder) at step 0: ``init``'s encoder and the projection (PCA over a
-    fixed-seed sample of the corpus, or random)."""
+    fixed-seed sample of the corpus, or random), on ``runtime``'s device."""
+    runtime = runtime or TorchRuntime("cpu", False)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(init), local_files_only=True)
     previous = Path(init) / "torch" / PROJECTION_FILE  # a folder this trainer wrote: continue from its weights
     bert = transformers.AutoModel.from_pretrained(str(previous.parent if previous.is_file() else init),
@@ -246,13 +258,14 @@ def initial_model(torch, transformers, init: Path, cfg: LateInteractionTrainConf
     if previous.is_file():
         model = make_model(torch, bert, cfg.dim)
         model.linear.weight.data.copy_(torch.load(previous))
+        model.to(runtime.device)
         conv = conventions_for(tokenizer, cfg)
-        return model, tokenizer, conv, Encoder(torch, model, tokenizer, conv, cfg)
+        return model, tokenizer, conv, Encoder(torch, model, tokenizer, conv, cfg, runtime)
     if cfg.projection_init == "pca" and cfg.dim > bert.config.hidden_size:
         raise ValueError(f"projection_init 'pca' needs dim <= {bert.config.hidden_size}, got {cfg.dim}")
-    model = make_model(torch, bert, cfg.dim)
+    model = make_model(torch, bert, cfg.dim).to(runtime.device)
     conv = conventions_for(tokenizer, cfg)
-    enc = Encoder(torch, model, tokenizer, conv, cfg)
+    enc = Encoder(torch, model, tokenizer, conv, cfg, runtime)
     if cfg.projection_init == "pca":
         sample = random.Random(cfg.seed).sample(sorted(data.passages), min(256, len(data.passages)))
         with torch.no_grad():
@@ -272,7 +285,10 @@ def train_late_interaction(data: TrainingData, init: Path, cfg: LateInteractionT
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    model, tokenizer, conv, enc = initial_model(torch, transformers, init, cfg, data)
+    runtime = resolve_runtime(torch, cfg.device, cfg.precision)
+    if progress:
+        print(f"training on {runtime.describe()}", file=sys.stderr)
+    model, tokenizer, conv, enc = initial_model(torch, transformers, init, cfg, data, runtime)
     groups = make_groups(data, hard=cfg.hard_negatives, random_negatives=cfg.random_negatives, seed=cfg.seed)
     if not groups:
         raise ValueError("no training groups: no judged query has a positive in the corpus")
@@ -286,7 +302,7 @@ def train_late_interaction(data: TrainingData, init: Path, cfg: LateInteractionT
         optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
     teacher = None
     if cfg.distill > 0:
-        teacher = Teacher(torch, copy.deepcopy(model.bert), tokenizer, cfg)  # the step-0 encoder, frozen
+        teacher = Teacher(torch, copy.deepcopy(model.bert), tokenizer, cfg, runtime)  # the step-0 encoder, frozen
     dev_ids = sorted(data.dev_candidates)
     if cfg.dev_queries and cfg.dev_queries < len(dev_ids):
         dev_ids = sorted(random.Random(cfg.seed).sample(dev_ids, cfg.dev_queries))
@@ -314,8 +330,8 @@ def train_late_interaction(data: TrainingData, init: Path, cfg: LateInteractionT
             if dev.evaluate(step + 1, model, float(np.mean(losses[-cfg.eval_every:])), bar.write):
                 break
     dev.restore(model)
-    model.eval()
-    summary = {"config": asdict(cfg), "init": str(init), "groups": len(groups), "steps_planned": steps,
+    model.to("cpu").eval()
+    summary = {"config": asdict(cfg), "runtime": runtime.describe(), "init": str(init), "groups": len(groups), "steps_planned": steps,
                "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": dev.best,
                "dev_fused_ndcg@10": fused, "dev_queries": len(dev_ids), "dev_source": data.dev_source,
                "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": dev.log}
