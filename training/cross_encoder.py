@@ -6,13 +6,14 @@ all-MiniLM-L6-v2 weights; any local transformers folder), a new classification h
 serving side's convention, :class:`index_builder.models.CrossEncoder`).
 
 Loss: listwise softmax cross-entropy: per group (query, positive, hard and random negatives; see
-:mod:`training.data`) the positive's log-probability among the group's logits. In-batch negatives: the other
-groups' positives in the step are added to each group (``in_batch``), except those judged relevant to its query.
-``positives = "retrieved"`` trains only on positives the first stage finds (:func:`training.data.make_groups`).
-Device and precision come from :mod:`training.runtime` (bf16 autocast on CPUs with AMX, CUDA when present). AdamW, linear warm-up then linear decay,
-a fixed seed. Every ``eval_every`` steps the model reranks the top ``rerank_top`` of the served fused list of every
-dev query; nDCG@10 of that list against the fused list's is logged, the best state is kept, and training stops
-after ``patience`` evaluations without a gain. The best state is exported (:mod:`training.export`).
+:mod:`training.data`) the positive's log-probability among the group's logits. In-batch negatives: the other groups'
+positives in the step are added to each group (``in_batch``), except those judged relevant to its query. ``positives
+= "retrieved"`` trains only on positives the first stage finds (:func:`training.data.make_groups`). Device and
+precision come from :mod:`training.runtime` (bf16 autocast on CPUs with AMX, CUDA when present). AdamW, linear
+warm-up then linear decay, a fixed seed. Every ``eval_every`` steps the model reranks the top ``rerank_top`` of the
+served fused list of every dev query; nDCG@10 of that list against the fused list's is logged, the best state is
+kept, and training stops after ``patience`` evaluations without a gain. The best state is exported
+(:mod:`training.export`).
 
 Needs torch and transformers (the ``bench`` extra); imported inside the functions.
 """
@@ -158,7 +159,8 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
                 break
     dev.restore(model)
     model.to("cpu").eval()
-    summary = {"config": asdict(cfg), "runtime": runtime.describe(), "init": str(init), "groups": len(groups), "steps_planned": steps,
+    summary = {"config": asdict(cfg), "runtime": runtime.describe(), "init": str(init), "groups": len(groups),
+               "steps_planned": steps,
                "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": dev.best,
                "dev_fused_ndcg@10": fused, "dev_queries": len(data.dev_candidates), "dev_source": data.dev_source,
                "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": dev.log}

@@ -331,7 +331,8 @@ def train_late_interaction(data: TrainingData, init: Path, cfg: LateInteractionT
                 break
     dev.restore(model)
     model.to("cpu").eval()
-    summary = {"config": asdict(cfg), "runtime": runtime.describe(), "init": str(init), "groups": len(groups), "steps_planned": steps,
+    summary = {"config": asdict(cfg), "runtime": runtime.describe(), "init": str(init), "groups": len(groups),
+               "steps_planned": steps,
                "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": dev.best,
                "dev_fused_ndcg@10": fused, "dev_queries": len(dev_ids), "dev_source": data.dev_source,
                "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": dev.log}
