@@ -33,7 +33,7 @@ import numpy as np
 from retrieval.evaluate import evaluate
 from training.data import Group, TrainingData, fused_run, make_groups
 from training.runtime import TorchRuntime, resolve_runtime
-from training.selection import DevSelection
+from training.selection import DevSelection, progress_writer
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
         if (step + 1) % cfg.eval_every == 0 or step + 1 == steps:
-            if dev.evaluate(step + 1, model, float(np.mean(losses[-cfg.eval_every:])), bar.write):
+            if dev.evaluate(step + 1, model, float(np.mean(losses[-cfg.eval_every:])), progress_writer(bar)):
                 break
     dev.restore(model)
     model.to("cpu").eval()

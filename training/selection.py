@@ -66,3 +66,9 @@ class DevSelection:
         """Load the best dev state into ``model`` (without a dev split, the last state stays)."""
         if self.best_state is not None:
             model.load_state_dict(self.best_state)
+
+
+def progress_writer(bar) -> Callable[[str], None]:
+    """Lines printed above a tqdm ``bar`` on stderr, as they happen (tqdm.write goes to stdout, which is
+    block-buffered when redirected to a file: a long run's dev figures showed only when it ended)."""
+    return lambda line: bar.write(line, file=sys.stderr)
