@@ -73,3 +73,21 @@ def test_train_card_appends_measured_test_figures(tmp_path, capsys):
     delta = figures["late_interaction"]["ndcg@10"] - figures["fused"]["ndcg@10"]
     assert f"| scifact | test | late_interaction | {figures['late_interaction']['ndcg@10']:.4f} |" in card
     assert f"{delta:+.4f}" in card
+
+
+def test_train_card_names_the_blend_weight_and_lists_first_stages_once(tmp_path):
+    """Two eval runs of one model (alone and blended at the dev-chosen ce_weight): two labelled rows, not two
+    identical-looking cross_encoder rows, and the shared first-stage rows once."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parent.parent / "results" / "train"
+    runs = [results / "nfcorpus-test-ce-nfcorpus-retrieved.json", results / "nfcorpus-test-ce-nfcorpus-retrieved-w07.json"]
+    alone, blended = (json.loads(r.read_text()) for r in runs)
+    assert alone["config"]["rerank"]["ce_weight"] == 1.0 and blended["config"]["rerank"]["ce_weight"] == 0.7
+    (tmp_path / "README.md").write_text("# a model\n")
+    assert main(["train", "card", "--model", str(tmp_path), "--eval-json", *map(str, runs)]) == 0
+    card = (tmp_path / "README.md").read_text()
+    assert f"| nfcorpus | test | cross_encoder | {alone['stages']['cross_encoder']['ndcg@10']:.4f} |" in card
+    assert f"| nfcorpus | test | cross_encoder (ce_weight 0.7) | {blended['stages']['cross_encoder']['ndcg@10']:.4f} |" in card
+    assert card.count("| nfcorpus | test | fused |") == 1 and card.count("| nfcorpus | test | bm25 |") == 1
+

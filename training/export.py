@@ -145,17 +145,29 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
     (out / "README.md").write_text("\n".join(lines))
 
 
+def _stage_label(name: str, rerank: dict[str, Any]) -> str:
+    """A reranked stage's name with the blend weight it was served at, when it blends (< 1)."""
+    keys = {"late_interaction": ("li_weight",), "cross_encoder": ("ce_weight",), "cascade": ("li_weight", "ce_weight")}
+    blends = [f"{k} {rerank[k]}" for k in keys.get(name, ()) if rerank.get(k, 1.0) < 1.0]
+    return f"{name} ({', '.join(blends)})" if blends else name
+
+
 def append_test_figures(model: Path, evaluations: Sequence[dict[str, Any]]) -> str:
     """Append the test figures measured by ``hybridrag eval --json`` (one dict per run) to the model card."""
     lines = ["", "## Test figures (measured after selection with `hybridrag eval`; in-domain)", "",
              "| dataset | split | stage | nDCG@10 | Recall@100 | vs fused |", "|---|---|---|---|---|---|"]
+    seen: set[str] = set()
     for ev in evaluations:
         stages = ev["stages"]
         fused = stages.get("fused", {}).get("ndcg@10")
+        rerank = ev.get("config", {}).get("rerank", {})
         for name, st in stages.items():
             delta = f"{st['ndcg@10'] - fused:+.4f}" if fused is not None and name != "fused" else ""
-            lines.append(f"| {Path(ev['dataset']).name} | {ev['split']} | {name} | {st['ndcg@10']:.4f} | "
-                         f"{st.get('recall@100', float('nan')):.4f} | {delta} |")
+            row = (f"| {Path(ev['dataset']).name} | {ev['split']} | {_stage_label(name, rerank)} | {st['ndcg@10']:.4f} | "
+                   f"{st.get('recall@100', float('nan')):.4f} | {delta} |")
+            if row not in seen:  # the first-stage rows of several runs over one index are the same
+                seen.add(row)
+                lines.append(row)
     text = "\n".join(lines) + "\n"
     with open(model / "README.md", "a", encoding="utf-8") as f:
         f.write(text)
