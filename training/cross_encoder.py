@@ -32,7 +32,7 @@ import numpy as np
 
 from retrieval.evaluate import evaluate
 from training.data import Group, TrainingData, fused_run, make_groups
-from training.runtime import TorchRuntime, resolve_runtime
+from training.runtime import CPU_FP32, TorchRuntime, resolve_runtime
 from training.selection import DevSelection, progress_writer
 
 
@@ -60,9 +60,8 @@ class CrossEncoderTrainConfig:
 
 
 def _pairs_logits(model, tokenizer, torch, queries: list[str], passages: list[str], max_length: int,
-                  runtime: TorchRuntime | None = None):
+                  runtime: TorchRuntime = CPU_FP32):
     """fp32 logits [n] of the pairs (computed under ``runtime``'s autocast, on its device)."""
-    runtime = runtime or TorchRuntime("cpu", False)
     enc = tokenizer(queries, passages, truncation="only_second", max_length=max_length, padding=True,
                     return_tensors="pt").to(runtime.device)
     with runtime.autocast(torch):
@@ -70,7 +69,7 @@ def _pairs_logits(model, tokenizer, torch, queries: list[str], passages: list[st
 
 
 def score(model, tokenizer, torch, query: str, passages: list[str], max_length: int, batch: int = 32,
-          runtime: TorchRuntime | None = None) -> list[float]:
+          runtime: TorchRuntime = CPU_FP32) -> list[float]:
     model.eval()
     out: list[float] = []
     with torch.no_grad():
@@ -81,7 +80,7 @@ def score(model, tokenizer, torch, query: str, passages: list[str], max_length: 
 
 
 def dev_scores(model, tokenizer, torch, data: TrainingData, cfg: CrossEncoderTrainConfig,
-               runtime: TorchRuntime | None = None) -> dict[str, list[float]]:
+               runtime: TorchRuntime = CPU_FP32) -> dict[str, list[float]]:
     """The model's logits for each dev query's fused top ``rerank_top``."""
     return {qid: score(model, tokenizer, torch, data.queries[qid], [data.passages[d] for d in docs[:cfg.rerank_top]],
                        cfg.max_length, runtime=runtime)
@@ -89,7 +88,7 @@ def dev_scores(model, tokenizer, torch, data: TrainingData, cfg: CrossEncoderTra
 
 
 def step_loss(model, tokenizer, torch, groups: list[Group], data: TrainingData, cfg: CrossEncoderTrainConfig,
-              runtime: TorchRuntime | None = None):
+              runtime: TorchRuntime = CPU_FP32):
     """Listwise softmax cross-entropy of one step's groups (positive at index 0 of each group's list)."""
     lists = []
     for g in groups:
@@ -160,8 +159,7 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
     dev.restore(model)
     model.to("cpu").eval()
     summary = {"config": asdict(cfg), "runtime": runtime.describe(), "init": str(init), "groups": len(groups),
-               "steps_planned": steps,
-               "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": dev.best,
+               "steps_planned": steps, "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": dev.best,
                "dev_fused_ndcg@10": fused, "dev_queries": len(data.dev_candidates), "dev_source": data.dev_source,
                "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": dev.log}
     return model, tokenizer, summary

@@ -40,7 +40,7 @@ import numpy as np
 from index_builder.token_encoders import ColbertConventions
 from retrieval.evaluate import evaluate
 from training.data import Group, TrainingData, fused_run, make_groups
-from training.runtime import TorchRuntime, resolve_runtime
+from training.runtime import CPU_FP32, TorchRuntime, resolve_runtime
 from training.selection import DevSelection, progress_writer
 
 PROJECTION_FILE = "projection.pt"
@@ -110,9 +110,9 @@ class Encoder:
     """Ids (exactly as the serving side builds them) and torch encoding for one model."""
 
     def __init__(self, torch, model, tokenizer, conv: ColbertConventions, cfg: LateInteractionTrainConfig,
-                 runtime: TorchRuntime | None = None) -> None:
+                 runtime: TorchRuntime = CPU_FP32) -> None:
         self.torch, self.model, self.tokenizer, self.conv, self.cfg = torch, model, tokenizer, conv, cfg
-        self.runtime = runtime or TorchRuntime("cpu", False)
+        self.runtime = runtime
 
     def _run(self, ids, mask):
         t, dev = self.torch, self.runtime.device
@@ -188,10 +188,10 @@ class Teacher:
     The mean over the query's tokens is scaled by ``query_maxlen`` so the teacher's logits sit on the student's
     scale (a sum over ``query_maxlen`` vectors)."""
 
-    def __init__(self, torch, bert, tokenizer, cfg: LateInteractionTrainConfig, runtime: TorchRuntime | None = None
+    def __init__(self, torch, bert, tokenizer, cfg: LateInteractionTrainConfig, runtime: TorchRuntime = CPU_FP32
                  ) -> None:
         self.torch, self.bert, self.tokenizer, self.cfg = torch, bert, tokenizer, cfg
-        self.runtime = runtime or TorchRuntime("cpu", False)
+        self.runtime = runtime
         for p in bert.parameters():
             p.requires_grad_(False)
         bert.eval()
@@ -246,10 +246,9 @@ def step_loss(torch, enc: Encoder, groups: list[Group], data: TrainingData, teac
 
 
 def initial_model(torch, transformers, init: Path, cfg: LateInteractionTrainConfig, data: TrainingData,
-                  runtime: TorchRuntime | None = None):
+                  runtime: TorchRuntime = CPU_FP32):
     """(model, tokenizer, conventions, encoder) at step 0: ``init``'s encoder and the projection (PCA over a
     fixed-seed sample of the corpus, or random), on ``runtime``'s device."""
-    runtime = runtime or TorchRuntime("cpu", False)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(init), local_files_only=True)
     previous = Path(init) / "torch" / PROJECTION_FILE  # a folder this trainer wrote: continue from its weights
     bert = transformers.AutoModel.from_pretrained(str(previous.parent if previous.is_file() else init),
@@ -332,8 +331,7 @@ def train_late_interaction(data: TrainingData, init: Path, cfg: LateInteractionT
     dev.restore(model)
     model.to("cpu").eval()
     summary = {"config": asdict(cfg), "runtime": runtime.describe(), "init": str(init), "groups": len(groups),
-               "steps_planned": steps,
-               "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": dev.best,
+               "steps_planned": steps, "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": dev.best,
                "dev_fused_ndcg@10": fused, "dev_queries": len(dev_ids), "dev_source": data.dev_source,
                "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": dev.log}
     return model, tokenizer, conv, summary

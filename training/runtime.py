@@ -33,6 +33,9 @@ class TorchRuntime:
         return f"{self.device}, {'bf16 autocast' if self.bf16 else 'fp32'}"
 
 
+CPU_FP32 = TorchRuntime("cpu", False)  # the default of the scoring helpers (tests, export checks)
+
+
 def cpu_has_bf16(torch) -> bool:
     """AMX tiles or AVX512-BF16 (torch's own CPU feature probes; False where this torch lacks them)."""
     probes = [getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
