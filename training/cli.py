@@ -49,7 +49,8 @@ def _prepare(args: argparse.Namespace, config_cls: Any) -> tuple[Any, Any, Path]
         print(build_snapshot(docs, index_dir, config.build_config(), progress=not args.quiet).line(), file=sys.stderr)
     pipeline = Pipeline.open(index_dir, config)
     try:
-        mine(data, pipeline, depth=args.mine_depth, log_every=0 if args.quiet else 200)
+        mine(data, pipeline, depth=args.mine_depth, log_every=0 if args.quiet else 200,
+             neighbors=cfg.neighbors if getattr(cfg, "neighbor_targets", 0) > 0 else 0)
     finally:
         pipeline.close()
     return cfg, data, dataset
@@ -152,6 +153,10 @@ def add_parser(sub: Any) -> None:
     q.add_argument("--positives", choices=("all", "retrieved"),
                    help="training positives: every judged one, or only those the first stage retrieves")
     q.add_argument("--max-length", type=int, dest="max_length")
+    q.add_argument("--neighbor-targets", type=float, dest="neighbor_targets",
+                   help="soft targets: a negative's target mass = this x the share of the nearest training queries "
+                        "that judge it relevant (0 = off)")
+    q.add_argument("--neighbors", type=int, help="nearest training queries for --neighbor-targets (default 5)")
     q.set_defaults(func=cmd_train_cross_encoder)
     q = tsub.add_parser("late-interaction", help="fine-tune a ColBERT-style model (ColBERT conventions, listwise loss "
                                                  "with in-batch negatives, dev early stopping), export it to ONNX")

@@ -8,7 +8,10 @@ serving side's convention, :class:`index_builder.models.CrossEncoder`).
 Loss: listwise softmax cross-entropy: per group (query, positive, hard and random negatives; see
 :mod:`training.data`) the positive's log-probability among the group's logits. In-batch negatives: the other groups'
 positives in the step are added to each group (``in_batch``), except those judged relevant to its query. ``positives
-= "retrieved"`` trains only on positives the first stage finds (:func:`training.data.make_groups`). Device and
+= "retrieved"`` trains only on positives the first stage finds (:func:`training.data.make_groups`).
+``neighbor_targets`` = beta > 0 makes the targets soft: each negative gets target mass beta x its neighbour support
+(:meth:`training.data.TrainingData.support`, the share of similar training queries that judge it relevant), the
+positive 1, normalised over the group; 0 = the positive alone. Device and
 precision come from :mod:`training.runtime` (bf16 autocast on CPUs with AMX, CUDA when present). AdamW, linear
 warm-up then linear decay, a fixed seed. Every ``eval_every`` steps the model reranks the top ``rerank_top`` of the
 served fused list of every dev query; nDCG@10 of that list against the fused list's is logged, the best state is
@@ -43,6 +46,8 @@ class CrossEncoderTrainConfig:
     random_negatives: int = 1
     positives: str = "all"  # "retrieved": only positives the first stage found (training.data.make_groups)
     in_batch: bool = True
+    neighbor_targets: float = 0.0  # beta: soft target mass of a negative = beta x its neighbour support (0 = off)
+    neighbors: int = 5  # training queries per neighbourhood when neighbor_targets > 0 (training.data.mine)
     groups_per_step: int = 4
     lr: float = 3e-5
     head_lr: float = 1e-3
@@ -89,7 +94,8 @@ def dev_scores(model, tokenizer, torch, data: TrainingData, cfg: CrossEncoderTra
 
 def step_loss(model, tokenizer, torch, groups: list[Group], data: TrainingData, cfg: CrossEncoderTrainConfig,
               runtime: TorchRuntime = CPU_FP32):
-    """Listwise softmax cross-entropy of one step's groups (positive at index 0 of each group's list)."""
+    """Listwise softmax cross-entropy of one step's groups (positive at index 0 of each group's list; with
+    ``cfg.neighbor_targets`` the soft targets of the module docstring)."""
     lists = []
     for g in groups:
         docs = [g.positive, *g.negatives]
@@ -101,8 +107,31 @@ def step_loss(model, tokenizer, torch, groups: list[Group], data: TrainingData, 
     queries = [g.query for g, docs in zip(groups, lists, strict=True) for _ in docs[:width]]
     passages = [data.passages[d] for docs in lists for d in docs[:width]]
     logits = _pairs_logits(model, tokenizer, torch, queries, passages, cfg.max_length, runtime).view(len(groups), width)
-    target = torch.zeros(len(groups), dtype=torch.long, device=logits.device)
-    return torch.nn.functional.cross_entropy(logits, target)
+    if cfg.neighbor_targets <= 0:
+        target = torch.zeros(len(groups), dtype=torch.long, device=logits.device)
+        return torch.nn.functional.cross_entropy(logits, target)
+    mass = torch.tensor(soft_targets(groups, lists, width, data, cfg.neighbor_targets), device=logits.device)
+    return -(mass * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+
+
+def soft_targets(groups: list[Group], lists: list[list[str]], width: int, data: TrainingData, beta: float
+                 ) -> list[list[float]]:
+    """Per group: 1 for the positive (index 0), ``beta`` x neighbour support for each negative, normalised."""
+    out = []
+    for g, docs in zip(groups, lists, strict=True):
+        mass = [1.0] + [beta * data.support(g.qid, d) for d in docs[1:width]]
+        total = sum(mass)
+        out.append([m / total for m in mass])
+    return out
+
+
+def neighbor_support_summary(groups: list[Group], data: TrainingData) -> dict[str, float]:
+    """Mean neighbour support of the groups' positives and negatives, and the share of negatives with any."""
+    pos = [data.support(g.qid, g.positive) for g in groups]
+    neg = [data.support(g.qid, d) for g in groups for d in g.negatives]
+    return {"positives_mean": round(float(np.mean(pos)), 4) if pos else 0.0,
+            "negatives_mean": round(float(np.mean(neg)), 4) if neg else 0.0,
+            "negatives_supported": round(float(np.mean([x > 0 for x in neg])), 4) if neg else 0.0}
 
 
 def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainConfig, *, progress: bool = True
@@ -129,6 +158,10 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
     if not groups:
         raise ValueError("no training groups: no judged query has a positive in the corpus")
     steps = cfg.max_steps or max(1, int(len(groups) * cfg.epochs / cfg.groups_per_step))
+    support = neighbor_support_summary(groups, data) if cfg.neighbor_targets > 0 else None
+    if support and progress:
+        print(f"neighbour support: positives {support['positives_mean']}, negatives {support['negatives_mean']} "
+              f"({support['negatives_supported']} of negatives above 0)", file=sys.stderr)
     head = [p for n, p in model.named_parameters() if n.startswith(("classifier", "bert.pooler"))]
     body = [p for n, p in model.named_parameters() if not n.startswith(("classifier", "bert.pooler"))]
     optimizer = torch.optim.AdamW([{"params": body, "lr": cfg.lr}, {"params": head, "lr": cfg.head_lr}],
@@ -161,7 +194,8 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
     summary = {"config": asdict(cfg), "runtime": runtime.describe(), "init": str(init), "groups": len(groups),
                "steps_planned": steps, "steps_run": len(losses), "losses": [round(x, 5) for x in losses], "best": dev.best,
                "dev_fused_ndcg@10": fused, "dev_queries": len(data.dev_candidates), "dev_source": data.dev_source,
-               "train_queries": len(data.train), "wall_s": round(time.perf_counter() - t0, 1), "log": dev.log}
+               "train_queries": len(data.train), "neighbor_support": support,
+               "wall_s": round(time.perf_counter() - t0, 1), "log": dev.log}
     return model, tokenizer, summary
 
 

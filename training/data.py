@@ -11,6 +11,13 @@
   positive's softmax probability over its group.
 - The dev candidates are the served fused list (RRF of BM25 and dense) per dev query, so the evaluation measures
   exactly what reranking that list would give.
+- Neighbour support (optional, ``mine(neighbors=K)``): each training query's K most similar *other* training queries
+  (cosine of the served dense embeddings), weighted by similarity**8. :meth:`TrainingData.support` is the weighted
+  share of those neighbours that judge a document relevant: a label transferred from similar queries. On NFCorpus
+  (43 judgments per query, many queries on one topic) an unjudged hard negative that the neighbours judge relevant
+  is often a missed judgment; the cross-encoder trainer can give such documents part of the target mass instead
+  of pushing them down (RocketQA's denoised hard negatives, with neighbour labels as the denoiser). Only training
+  queries are neighbours: dev judgments never reach the targets.
 """
 
 from __future__ import annotations
@@ -48,9 +55,19 @@ class TrainingData:
     mined: dict[str, list[str]] = field(default_factory=dict)  # query id -> hard negatives, best first
     retrieved: dict[str, set[str]] = field(default_factory=dict)  # query id -> every doc of its first-stage pool
     dev_candidates: dict[str, list[str]] = field(default_factory=dict)  # dev query id -> fused list, best first
+    neighbors: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # train qid -> [(train qid, weight)]
 
     def positives(self, qid: str) -> list[str]:
         return [d for d, rel in self.train.get(qid, {}).items() if rel > 0]
+
+    def support(self, qid: str, doc: str) -> float:
+        """Share in [0, 1] of ``qid``'s neighbours (similarity-weighted) that judge ``doc`` relevant; 0 without
+        neighbours."""
+        near = self.neighbors.get(qid)
+        if not near:
+            return 0.0
+        total = sum(w for _, w in near)
+        return sum(w for q, w in near if self.train.get(q, {}).get(doc, 0) > 0) / total if total > 0 else 0.0
 
 
 def passage_text(title: str, text: str) -> str:
@@ -87,9 +104,11 @@ def _judged(qrels: Qrels) -> Qrels:
     return {q: docs for q, docs in qrels.items() if any(r > 0 for r in docs.values())}
 
 
-def mine(data: TrainingData, pipeline, *, depth: int = 30, dev_depth: int = 100, log_every: int = 0) -> None:
+def mine(data: TrainingData, pipeline, *, depth: int = 30, dev_depth: int = 100, log_every: int = 0,
+         neighbors: int = 0) -> None:
     """Hard negatives for every training query and the fused candidate list of every dev query, from ``pipeline``
-    (the first stage over the index of this corpus). Fills ``data.mined`` and ``data.dev_candidates``."""
+    (the first stage over the index of this corpus). Fills ``data.mined`` and ``data.dev_candidates``, and with
+    ``neighbors`` > 0 ``data.neighbors`` (:func:`find_neighbors`, the pipeline's query embedder)."""
     judged: dict[str, set[str]] = {}
     for qrels in (data.train, data.dev):
         for q, docs in qrels.items():
@@ -113,6 +132,36 @@ def mine(data: TrainingData, pipeline, *, depth: int = 30, dev_depth: int = 100,
         result = pipeline.search(data.queries[qid], dev_depth, stages=("bm25", "dense"), candidates=dev_depth,
                                  use_cache=False)
         data.dev_candidates[qid] = result.doc_ids()
+    if neighbors > 0:
+        qids = sorted(data.train)
+        vectors = np.concatenate([pipeline.embedder.embed([data.queries[q] for q in qids[i:i + 256]])
+                                  for i in range(0, len(qids), 256)]) if qids else np.zeros((0, 1), np.float32)
+        data.neighbors = find_neighbors(qids, vectors, neighbors)
+
+
+# weight = cosine**8: the nearest neighbours dominate. On NFCorpus dev, reordering the fused top 5 by the support of
+# the 5 nearest training queries alone scored nDCG@10 0.338 at powers 4, 8 and 16 alike (fused 0.329).
+NEIGHBOR_POWER = 8.0
+
+
+def find_neighbors(qids: Sequence[str], vectors: np.ndarray, k: int, power: float = NEIGHBOR_POWER
+                   ) -> dict[str, list[tuple[str, float]]]:
+    """Each query's ``k`` most similar other queries by cosine of ``vectors`` (float [n, d], L2-normalised rows,
+    in ``qids`` order), weighted by max(cosine, 0) ** ``power``; never the query itself."""
+    if k <= 0 or len(qids) < 2:
+        return {}
+    vectors = np.asarray(vectors, dtype=np.float32)
+    out: dict[str, list[tuple[str, float]]] = {}
+    k = min(k, len(qids) - 1)
+    for start in range(0, len(qids), 512):
+        sims = vectors[start:start + 512] @ vectors.T
+        for row, sim in enumerate(sims):
+            i = start + row
+            sim[i] = -np.inf
+            near = np.argpartition(-sim, k - 1)[:k]
+            near = near[np.argsort(-sim[near], kind="stable")]
+            out[qids[i]] = [(qids[j], float(max(sim[j], 0.0)) ** power) for j in near]
+    return out
 
 
 POSITIVES = ("all", "retrieved")

@@ -113,6 +113,14 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
                 f"`int8/model.onnx` dynamic int8 (max abs difference {check['int8']['max_abs_diff']:.3f}, Pearson "
                 f"{check['int8']['pearson']:.4f} with torch on {check['check_pairs']} pairs).")
     stage_weight = "[rerank] li_weight" if li else "[rerank] ce_weight"
+    retrieved = " that the first stage retrieves" if cfg.get("positives") == "retrieved" else ""
+    loss_line = "- Loss: listwise softmax cross-entropy (the positive's log-probability within its list)."
+    if cfg.get("neighbor_targets"):
+        sup = summary.get("neighbor_support") or {}
+        loss_line = (f"- Loss: listwise softmax cross-entropy with soft targets: the positive 1, each negative "
+                     f"{cfg['neighbor_targets']} x its support among the {cfg['neighbors']} nearest training queries "
+                     f"(similarity-weighted share judging it relevant), normalised per list; mean support "
+                     f"{sup.get('positives_mean')} for positives, {sup.get('negatives_mean')} for negatives.")
     serve = ('`[late_interaction] model = "<this folder>"`, then `hybridrag index tokens --index DIR --out NEW` '
              "recomputes the passages' token vectors (the dense side is kept)" if li else
              '`[cross_encoder] model = "<this folder>"` (or `<this folder>/int8`) and `[rerank] cross_encoder = true`')
@@ -123,11 +131,11 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
         f"Command: `{command}`",
         "",
         f"- Data: `{dataset}`; {summary['train_queries']} training queries ({summary['groups']} groups: one per judged "
-        f"positive); dev: {summary['dev_queries']} queries, {summary['dev_source']}. The test split was not read "
+        f"positive{retrieved}); dev: {summary['dev_queries']} queries, {summary['dev_source']}. The test split was not read "
         "for training or selection.",
         f"- Negatives per group: {cfg['hard_negatives']} hard (mined with this project's BM25 and dense first stage "
         f"over the corpus index, judged-relevant documents excluded), {cfg['random_negatives']} random{in_batch}.",
-        "- Loss: listwise softmax cross-entropy (the positive's log-probability within its list).",
+        loss_line,
         model_line,
         f"- Initialised from `{summary['init']}`; {per_step} a step; AdamW {lrs}, weight decay "
         f"{cfg['weight_decay']}, {int(cfg['warmup'] * 100)}% warm-up then linear decay; seed {cfg['seed']}.",

@@ -1,0 +1,71 @@
+"""Training data pieces that need no torch (so they run in CI): neighbour support from the real first stage's
+query embeddings on the sample corpus, the soft targets built from it, and the model card's loss line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from training.cross_encoder import neighbor_support_summary, soft_targets
+from training.data import find_neighbors, load_training_data, make_groups, mine
+
+SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"
+
+
+@pytest.fixture(scope="module")
+def mined(tmp_path_factory, pipeline):
+    root = tmp_path_factory.mktemp("sample-train")
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        shutil.copy2(SAMPLE / name, root / name)
+    (root / "qrels").mkdir()
+    shutil.copy2(SAMPLE / "qrels" / "test.tsv", root / "qrels" / "train.tsv")
+    data = load_training_data(root, "train", dev_fraction=0.25, seed=3)
+    mine(data, pipeline, depth=5, dev_depth=5, neighbors=2)
+    return data
+
+
+def test_neighbors_are_other_training_queries_by_similarity(mined):
+    data = mined
+    assert set(data.neighbors) == set(data.train)
+    for qid, near in data.neighbors.items():
+        others = {q for q, _ in near}
+        assert len(near) == 2 and qid not in others and others <= set(data.train) and not others & set(data.dev)
+        assert near[0][1] >= near[1][1] >= 0.0
+    # identical vectors: the neighbour is the other query, never the query itself; weights are cosine ** power
+    assert find_neighbors(["a", "b"], np.eye(2, dtype=np.float32)[[0, 0]], 1) == {"a": [("b", 1.0)], "b": [("a", 1.0)]}
+    v = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]], dtype=np.float32)
+    near = find_neighbors(["x", "y", "z"], v, 2, power=2.0)["x"]
+    assert [q for q, _ in near] == ["y", "z"] and near[0][1] == pytest.approx(0.36) and near[1][1] == 0.0
+    assert find_neighbors(["x"], v[:1], 3) == {}
+
+
+def test_support_is_the_weighted_share_of_neighbours_judging_a_document(mined):
+    data = mined
+    qid = next(q for q in sorted(data.train) if sum(w for _, w in data.neighbors[q]) > 0)
+    (n1, w1), (n2, w2) = data.neighbors[qid]
+    doc = data.positives(n1)[0]
+    expected = (w1 + (w2 if doc in data.positives(n2) else 0.0)) / (w1 + w2)
+    assert data.support(qid, doc) == pytest.approx(expected) and 0.0 < data.support(qid, doc) <= 1.0
+    assert data.support("no-such-query", doc) == 0.0
+    assert data.support(qid, "no-such-doc") == 0.0
+
+
+def test_soft_targets_give_supported_negatives_part_of_the_mass(mined):
+    data = mined
+    groups = make_groups(data, hard=2, random_negatives=1, seed=0)
+    lists = [[g.positive, *g.negatives] for g in groups]
+    width = 4
+    for mass, docs, g in zip(soft_targets(groups, lists, width, data, 0.5), lists, groups, strict=True):
+        raw = [1.0] + [0.5 * data.support(g.qid, d) for d in docs[1:width]]
+        assert sum(mass) == pytest.approx(1.0) and mass == pytest.approx([r / sum(raw) for r in raw])
+    assert any(max(m[1:]) > 0 for m in soft_targets(groups, lists, width, data, 0.5)), \
+        "the sample should have a negative that a neighbour judges relevant"
+    summary = neighbor_support_summary(groups, data)
+    negatives = [data.support(g.qid, d) for g in groups for d in g.negatives]
+    assert summary["negatives_mean"] == pytest.approx(np.mean(negatives), abs=1e-4) and summary["negatives_mean"] > 0
+    assert summary["negatives_supported"] == pytest.approx(np.mean([x > 0 for x in negatives]), abs=1e-4)
+    assert summary["positives_mean"] == pytest.approx(np.mean([data.support(g.qid, g.positive) for g in groups]),
+                                                      abs=1e-4)
