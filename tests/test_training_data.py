@@ -3,6 +3,7 @@ query embeddings on the sample corpus, the soft targets built from it, and the m
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -69,3 +70,23 @@ def test_soft_targets_give_supported_negatives_part_of_the_mass(mined):
     assert summary["negatives_supported"] == pytest.approx(np.mean([x > 0 for x in negatives]), abs=1e-4)
     assert summary["positives_mean"] == pytest.approx(np.mean([data.support(g.qid, g.positive) for g in groups]),
                                                       abs=1e-4)
+
+
+def test_model_card_describes_the_soft_targets(tmp_path):
+    """The card of a real --neighbor-targets run (results/train) names the targets, the support and the positives."""
+    from training.export import write_model_card
+
+    log = Path(__file__).resolve().parent.parent / "results" / "train" / "ce-nfcorpus-nb05.train_log.json"
+    summary = json.loads(log.read_text())
+    assert summary["config"]["neighbor_targets"] == 0.5 and summary["config"]["positives"] == "retrieved"
+    write_model_card(tmp_path, kind="cross-encoder", dataset="nfcorpus", summary=summary, check=summary["onnx_check"],
+                     command="hybridrag train cross-encoder ...")
+    card = (tmp_path / "README.md").read_text()
+    support = summary["neighbor_support"]
+    assert "soft targets" in card and "0.5 x its support among the 5 nearest training queries" in card
+    assert f"mean support {support['positives_mean']} for positives, {support['negatives_mean']} for negatives" in card
+    assert "one per judged positive that the first stage retrieves" in card
+    summary["config"]["neighbor_targets"] = 0.0
+    write_model_card(tmp_path, kind="cross-encoder", dataset="nfcorpus", summary=summary, check=summary["onnx_check"],
+                     command="hybridrag train cross-encoder ...")
+    assert "soft targets" not in (tmp_path / "README.md").read_text()
