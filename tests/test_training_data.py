@@ -90,3 +90,13 @@ def test_model_card_describes_the_soft_targets(tmp_path):
     write_model_card(tmp_path, kind="cross-encoder", dataset="nfcorpus", summary=summary, check=summary["onnx_check"],
                      command="hybridrag train cross-encoder ...")
     assert "soft targets" not in (tmp_path / "README.md").read_text()
+
+
+def test_bad_neighbour_settings_are_refused_before_mining(capsys):
+    from retrieval.cli import main
+
+    base = ["train", "cross-encoder", "--dataset", str(SAMPLE), "--index", "/nonexistent-index", "--out", "/nonexistent"]
+    assert main([*base, "--neighbor-targets", "-0.5"]) == 2
+    assert "--neighbor-targets must be >= 0" in capsys.readouterr().err
+    assert main([*base, "--neighbor-targets", "0.5", "--neighbors", "0"]) == 2
+    assert "--neighbors must be >= 1" in capsys.readouterr().err

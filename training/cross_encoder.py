@@ -63,6 +63,14 @@ class CrossEncoderTrainConfig:
     device: str = "auto"  # training.runtime: CUDA when present, else the CPU
     precision: str = "auto"  # training.runtime: bf16 autocast where the device has it natively, else fp32
 
+    def __post_init__(self) -> None:
+        from index_builder.errors import ConfigError
+
+        if self.neighbor_targets < 0:
+            raise ConfigError(f"--neighbor-targets must be >= 0 (0 = off), got {self.neighbor_targets}")
+        if self.neighbor_targets > 0 and self.neighbors < 1:
+            raise ConfigError(f"--neighbors must be >= 1 with --neighbor-targets, got {self.neighbors}")
+
 
 def _pairs_logits(model, tokenizer, torch, queries: list[str], passages: list[str], max_length: int,
                   runtime: TorchRuntime = CPU_FP32):
