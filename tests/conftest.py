@@ -85,3 +85,14 @@ def writable(writable_template, tmp_path) -> Path:
     shutil.copy2(writable_template / "store.db", tmp_path / "store.db")
     shutil.copytree(writable_template / "index", tmp_path / "index")
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def sample_train(tmp_path_factory) -> Path:
+    """The sample corpus with its judgments as a 'train' split (the sample has only one split), for the trainers."""
+    root = tmp_path_factory.mktemp("sample-train")
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        shutil.copy2(SAMPLE / name, root / name)
+    (root / "qrels").mkdir()
+    shutil.copy2(SAMPLE / "qrels" / "test.tsv", root / "qrels" / "train.tsv")
+    return root

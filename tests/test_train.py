@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,17 +18,6 @@ from training.data import load_training_data, make_groups, mine  # noqa: E402
 from training.export import export_cross_encoder  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"
-
-
-@pytest.fixture(scope="module")
-def sample_train(tmp_path_factory):
-    """The sample corpus with its judgments as a 'train' split (the sample has only one split)."""
-    root = tmp_path_factory.mktemp("sample-train")
-    for name in ("corpus.jsonl", "queries.jsonl"):
-        shutil.copy2(SAMPLE / name, root / name)
-    (root / "qrels").mkdir()
-    shutil.copy2(SAMPLE / "qrels" / "test.tsv", root / "qrels" / "train.tsv")
-    return root
 
 
 def test_refuses_the_test_split():

@@ -4,7 +4,6 @@ query embeddings on the sample corpus, the soft targets built from it, and the m
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +16,8 @@ SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"
 
 
 @pytest.fixture(scope="module")
-def mined(tmp_path_factory, pipeline):
-    root = tmp_path_factory.mktemp("sample-train")
-    for name in ("corpus.jsonl", "queries.jsonl"):
-        shutil.copy2(SAMPLE / name, root / name)
-    (root / "qrels").mkdir()
-    shutil.copy2(SAMPLE / "qrels" / "test.tsv", root / "qrels" / "train.tsv")
-    data = load_training_data(root, "train", dev_fraction=0.25, seed=3)
+def mined(sample_train, pipeline):
+    data = load_training_data(sample_train, "train", dev_fraction=0.25, seed=3)
     mine(data, pipeline, depth=5, dev_depth=5, neighbors=2)
     return data
 

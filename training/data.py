@@ -134,9 +134,7 @@ def mine(data: TrainingData, pipeline, *, depth: int = 30, dev_depth: int = 100,
         data.dev_candidates[qid] = result.doc_ids()
     if neighbors > 0:
         qids = sorted(data.train)
-        vectors = np.concatenate([pipeline.embedder.embed([data.queries[q] for q in qids[i:i + 256]])
-                                  for i in range(0, len(qids), 256)]) if qids else np.zeros((0, 1), np.float32)
-        data.neighbors = find_neighbors(qids, vectors, neighbors)
+        data.neighbors = find_neighbors(qids, pipeline.embedder.embed([data.queries[q] for q in qids]), neighbors)
 
 
 # weight = cosine**8: the nearest neighbours dominate. On NFCorpus dev, reordering the fused top 5 by the support of
