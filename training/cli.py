@@ -11,6 +11,7 @@ negatives and gives the dev candidates. The trained folder (fp32 ``model.onnx``,
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from dataclasses import fields
@@ -107,12 +108,48 @@ def cmd_train_late_interaction(args: argparse.Namespace) -> int:
 
 
 def cmd_train_card(args: argparse.Namespace) -> int:
-    import json
-
     from training.export import append_test_figures
 
     evaluations = [json.loads(Path(f).read_text()) for f in args.eval_json]
     print(append_test_figures(Path(args.model), evaluations))
+    return 0
+
+
+def cmd_train_synth_queries(args: argparse.Namespace) -> int:
+    from index_builder.build import build_snapshot
+    from index_builder.corpus import read_corpus, resolve_corpus_path
+    from retrieval.config import load_config
+    from retrieval.llm_server import EmbeddedLLMConfig, EmbeddedLLMServer
+    from retrieval.pipeline import Pipeline
+    from training.synthetic import SynthConfig, chat_completer, synthesize
+
+    cfg = SynthConfig(**{k: v for k, v in (("docs", args.docs), ("seed", args.seed), ("keep_top", args.keep_top),
+                                           ("max_tokens", args.max_tokens)) if v is not None})
+    config = load_config(args.config)
+    corpus = resolve_corpus_path(Path(args.dataset))
+    docs, _ = read_corpus(corpus)
+    index_dir, out = Path(args.index), Path(args.out)
+    if not (index_dir / "CURRENT").exists():
+        print(build_snapshot(docs, index_dir, config.build_config(), progress=not args.quiet).line(), file=sys.stderr)
+    server = None
+    if args.llm_url:
+        base_url, generator = args.llm_url, f"{args.llm_model or 'default model'} at {args.llm_url}"
+    else:
+        server = EmbeddedLLMServer(EmbeddedLLMConfig(threads=args.threads or 0, nice=0, n_ctx=2048))
+        base_url, generator = server.start(), f"embedded llama.cpp, {server.model_path.name}"
+    pipeline = Pipeline.open(index_dir, config)
+    try:
+        complete = chat_completer(base_url, args.llm_model or "", max_tokens=cfg.max_tokens)
+        report = synthesize(docs, corpus, out, complete, pipeline, cfg, generator=generator,
+                            log_every=0 if args.quiet else 50)
+    finally:
+        pipeline.close()
+        if server is not None:
+            server.stop()
+    report["command"] = _command()
+    (out / "synthetic.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(f"{report['kept']} synthetic queries kept of {report['documents']} documents ({report['usable']} usable, "
+          f"dropped {report['dropped']}); generation {report['generate_s']} s, filter {report['filter_s']} s; wrote {out}")
     return 0
 
 
@@ -172,6 +209,24 @@ def add_parser(sub: Any) -> None:
     q.add_argument("--distill", type=float, help="weight of a KL term towards the init encoder's own token vectors "
                                                  "(the default late interaction); 0 = labels only")
     q.set_defaults(func=cmd_train_late_interaction)
+    q = tsub.add_parser("synth-queries", help="write synthetic training queries for a corpus without judgments "
+                                              "(embedded LLM, round-trip filter by the first stage): a dataset folder "
+                                              "the trainers read")
+    q.add_argument("--dataset", required=True, help="BEIR folder (or corpus file) with the documents")
+    q.add_argument("--index", required=True, help="the corpus's index (built there when it has none): the filter")
+    q.add_argument("--out", required=True, help="dataset folder to write (corpus linked, queries, qrels/train.tsv)")
+    q.add_argument("--docs", type=int, help="documents to write a query for (default 500; 0 = all)")
+    q.add_argument("--keep-top", type=int, dest="keep_top",
+                   help="keep a query when its document is in the fused top K (default 3; 0 = keep all)")
+    q.add_argument("--max-tokens", type=int, dest="max_tokens")
+    q.add_argument("--seed", type=int)
+    q.add_argument("--llm-url", dest="llm_url", help="an OpenAI-compatible server (vLLM) instead of the embedded LLM")
+    q.add_argument("--llm-model", dest="llm_model", default="", help="model name for --llm-url")
+    q.add_argument("--threads", type=int, help="embedded LLM threads (default: all cores)")
+    q.add_argument("--config", help="TOML configuration (index and first stage)")
+    q.add_argument("--quiet", action="store_true")
+    q.add_argument("-v", "--verbose", action="store_true")
+    q.set_defaults(func=cmd_train_synth_queries)
     q = tsub.add_parser("card", help="append test figures (hybridrag eval --json files) to a trained model's card")
     q.add_argument("--model", required=True)
     q.add_argument("--eval-json", required=True, nargs="+", dest="eval_json")

@@ -1,0 +1,89 @@
+"""Synthetic training queries (``hybridrag train synth-queries``): the real embedded LLM (llama.cpp server with the
+bundled SmolLM2 GGUF) writes queries for sample-corpus documents, the real first stage filters them, and the
+folder it writes is a dataset the trainers load and mine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from index_builder.corpus import read_corpus
+from index_builder.errors import ConfigError
+from index_builder.types import Document
+from retrieval.llm_server import EmbeddedLLMConfig, EmbeddedLLMServer
+from training.data import load_training_data, make_groups, mine
+from training.synthetic import SynthConfig, chat_completer, clean_query, filter_consistent, sample_documents, synthesize
+
+from .conftest import SAMPLE
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with EmbeddedLLMServer(EmbeddedLLMConfig(threads=2, nice=0, n_ctx=2048)) as server:
+        yield server
+
+
+def test_clean_query_keeps_the_query_and_names_why_it_drops_one():
+    doc, cfg = Document("d", "text", title="Chandrasekhar limit"), SynthConfig()
+    assert clean_query('Query: "What is the Chandrasekhar limit?"\nmore text', doc, cfg) == (
+        "What is the Chandrasekhar limit?", "")
+    assert clean_query("  \n1. how heavy can a white dwarf be", doc, cfg) == ("how heavy can a white dwarf be", "")
+    assert clean_query("Search query - mass of white dwarfs", doc, cfg) == ("mass of white dwarfs", "")
+    assert clean_query("", doc, cfg) == (None, "empty")
+    assert clean_query("white dwarf", doc, cfg) == (None, "too short")
+    assert clean_query(" ".join(["word"] * 40), doc, cfg) == (None, "too long")
+    assert clean_query("Chandrasekhar limit.", doc, cfg) == (None, "too short")
+    assert clean_query("the Chandrasekhar limit", Document("d", "t", title="The Chandrasekhar limit"), cfg) == (
+        None, "copies the title")
+
+
+def test_bad_settings_are_refused():
+    for bad in ({"docs": -1}, {"keep_top": -2}, {"passage_chars": 10}, {"max_tokens": 1}, {"min_words": 5, "max_words": 4}):
+        with pytest.raises(ConfigError):
+            SynthConfig(**bad)
+
+
+def test_sample_is_fixed_by_the_seed():
+    docs, _ = read_corpus(SAMPLE / "corpus.jsonl")
+    a, b = sample_documents(docs, 5, 1), sample_documents(docs, 5, 1)
+    assert [d.id for d in a] == [d.id for d in b] and len({d.id for d in a}) == 5
+    assert [d.id for d in sample_documents(docs, 5, 2)] != [d.id for d in a]
+    assert len(sample_documents(docs, 0, 1)) == len(docs)
+
+
+def test_synthesized_queries_form_a_dataset_the_trainers_read(llm, pipeline, tmp_path):
+    docs, _ = read_corpus(SAMPLE / "corpus.jsonl")
+    cfg = SynthConfig(docs=6, seed=5, keep_top=3)
+    out = tmp_path / "syn"
+    report = synthesize(docs, SAMPLE / "corpus.jsonl", out, chat_completer(llm.base_url, max_tokens=cfg.max_tokens),
+                        pipeline, cfg, generator="test")
+    # every sampled document is accounted for: kept, or dropped with a reason
+    assert report["documents"] == 6 and report["kept"] >= 1
+    assert report["usable"] + sum(v for k, v in report["dropped"].items() if not k.startswith("source")) == 6
+    assert report["kept"] + report["dropped"].get("source not in the first stage's top 3", 0) == report["usable"]
+    assert json.loads((out / "synthetic.json").read_text())["kept"] == report["kept"]
+    # the corpus is linked, not copied; each query judges its source document, which the first stage ranks top 3
+    assert (out / "corpus.jsonl").is_symlink() and (out / "corpus.jsonl").resolve() == (SAMPLE / "corpus.jsonl").resolve()
+    queries = [json.loads(x) for x in (out / "queries.jsonl").read_text().splitlines()]
+    qrels = [x.split("\t") for x in (out / "qrels" / "train.tsv").read_text().splitlines()[1:]]
+    assert len(queries) == len(qrels) == report["kept"]
+    sampled = {d.id for d in sample_documents(docs, 6, 5)}
+    for q, (qid, doc_id, rel) in zip(queries, qrels, strict=True):
+        assert q["_id"] == qid and q["metadata"]["source_doc"] == doc_id in sampled and rel == "1"
+        assert doc_id in pipeline.search(q["text"], 3, stages=("bm25", "dense"), use_cache=False).doc_ids()[:3]
+    # the trainers' loader and miner take the folder as they take a judged dataset (dev held out, no dev split)
+    data = load_training_data(out, "train", dev_fraction=0.25, seed=3)
+    assert set(data.train) | set(data.dev) == {q["_id"] for q in queries}
+    mine(data, pipeline, depth=5, dev_depth=5)
+    assert make_groups(data, hard=2, random_negatives=1, seed=1)
+
+
+def test_the_filter_drops_a_query_that_does_not_find_its_document(pipeline):
+    docs = {d.id: d for d in read_corpus(SAMPLE / "corpus.jsonl")[0]}
+    light = docs["astro-001"]
+    kept, dropped = filter_consistent([(light, "how far does light travel in one year"),
+                                       (light, "recipe for sourdough bread with rye flour")], pipeline, 3)
+    assert [q for _, q, _ in kept] == ["how far does light travel in one year"] and 1 <= kept[0][2] <= 3
+    assert [(q, r) for _, q, r in dropped] == [("recipe for sourdough bread with rye flour", 0)]
+    assert len(filter_consistent([(light, "anything at all")], pipeline, 0)[0]) == 1
