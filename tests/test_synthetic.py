@@ -13,9 +13,10 @@ from index_builder.errors import ConfigError
 from index_builder.types import Document
 from retrieval.llm_server import EmbeddedLLMConfig, EmbeddedLLMServer
 from training.data import load_training_data, make_groups, mine
+from training.export import write_model_card
 from training.synthetic import SynthConfig, chat_completer, clean_query, filter_consistent, sample_documents, synthesize
 
-from .conftest import SAMPLE
+from .conftest import REPO, SAMPLE
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +78,14 @@ def test_synthesized_queries_form_a_dataset_the_trainers_read(llm, pipeline, tmp
     assert set(data.train) | set(data.dev) == {q["_id"] for q in queries}
     mine(data, pipeline, depth=5, dev_depth=5)
     assert make_groups(data, hard=2, random_negatives=1, seed=1)
+    # a model trained on the folder says so on its card (a real run's train_log stands in for the training)
+    log = json.loads((REPO / "results" / "train" / "ce-nfcorpus-nb05.train_log.json").read_text())
+    (tmp_path / "card").mkdir()
+    write_model_card(tmp_path / "card", kind="cross-encoder", dataset=str(out), summary=log, check=log["onnx_check"],
+                     command="hybridrag train cross-encoder ...")
+    card = (tmp_path / "card" / "README.md").read_text()
+    assert f"synthetic, no human judgment: {report['kept']} kept of 6 documents, written by test" in card
+    assert "top 3" in card
 
 
 def test_the_filter_drops_a_query_that_does_not_find_its_document(pipeline):
