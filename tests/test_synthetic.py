@@ -67,25 +67,36 @@ def test_synthesized_queries_form_a_dataset_the_trainers_read(llm, pipeline, tmp
     # the corpus is linked, not copied; each query judges its source document, which the first stage ranks top 3
     assert (out / "corpus.jsonl").is_symlink() and (out / "corpus.jsonl").resolve() == (SAMPLE / "corpus.jsonl").resolve()
     queries = [json.loads(x) for x in (out / "queries.jsonl").read_text().splitlines()]
-    qrels = [x.split("\t") for x in (out / "qrels" / "train.tsv").read_text().splitlines()[1:]]
-    assert len(queries) == len(qrels) == report["kept"]
+    train = [x.split("\t") for x in (out / "qrels" / "train.tsv").read_text().splitlines()[1:]]
+    unfiltered = [x.split("\t") for x in (out / "qrels" / "unfiltered.tsv").read_text().splitlines()[1:]]
+    assert len(queries) == len(unfiltered) == report["usable"] and len(train) == report["kept"]
     sampled = {d.id for d in sample_documents(docs, 6, 5)}
-    for q, (qid, doc_id, rel) in zip(queries, qrels, strict=True):
+    for i, (q, (qid, doc_id, rel)) in enumerate(zip(queries, unfiltered, strict=True)):
         assert q["_id"] == qid and q["metadata"]["source_doc"] == doc_id in sampled and rel == "1"
-        assert doc_id in pipeline.search(q["text"], 3, stages=("bm25", "dense"), use_cache=False).doc_ids()[:3]
+        top3 = pipeline.search(q["text"], 3, stages=("bm25", "dense"), candidates=10, use_cache=False).doc_ids()[:3]
+        if i < report["kept"]:  # kept first: in train.tsv, the source in the first stage's top 3 at its rank
+            assert train[i] == [qid, doc_id, "1"] and top3.index(doc_id) + 1 == q["metadata"]["source_rank"]
+        else:
+            assert doc_id not in top3 and q["metadata"]["source_rank"] == 0
     # the trainers' loader and miner take the folder as they take a judged dataset (dev held out, no dev split)
     data = load_training_data(out, "train", dev_fraction=0.25, seed=3)
-    assert set(data.train) | set(data.dev) == {q["_id"] for q in queries}
+    assert set(data.train) | set(data.dev) == {qid for qid, _, _ in train}
     mine(data, pipeline, depth=5, dev_depth=5)
     assert make_groups(data, hard=2, random_negatives=1, seed=1)
+    every = load_training_data(out, "unfiltered", dev_fraction=0.25, seed=3)
+    assert set(every.train) | set(every.dev) == {q["_id"] for q in queries}
     # a model trained on the folder says so on its card (a real run's train_log stands in for the training)
     log = json.loads((REPO / "results" / "train" / "ce-nfcorpus-nb05.train_log.json").read_text())
     (tmp_path / "card").mkdir()
     write_model_card(tmp_path / "card", kind="cross-encoder", dataset=str(out), summary=log, check=log["onnx_check"],
                      command="hybridrag train cross-encoder ...")
     card = (tmp_path / "card" / "README.md").read_text()
-    assert f"synthetic, no human judgment: {report['kept']} kept of 6 documents, written by test" in card
-    assert "top 3" in card
+    assert f"synthetic, no human judgment: {report['kept']} kept of 6 documents, kept when the first stage" in card
+    assert "top 3; written by test" in card
+    log["split"] = "unfiltered"
+    write_model_card(tmp_path / "card", kind="cross-encoder", dataset=str(out), summary=log, check=log["onnx_check"],
+                     command="hybridrag train cross-encoder ... --split unfiltered")
+    assert f"{report['usable']} of 6 documents, no filter" in (tmp_path / "card" / "README.md").read_text()
 
 
 def test_the_filter_drops_a_query_that_does_not_find_its_document(pipeline):

@@ -61,12 +61,13 @@ def _command() -> str:
     return "hybridrag " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "(library call)"
 
 
-def _finish(out: Path, kind: str, dataset: Path, summary: dict[str, Any], check: dict[str, Any]) -> int:
+def _finish(out: Path, kind: str, dataset: Path, split: str, summary: dict[str, Any], check: dict[str, Any]) -> int:
     """Training log and model card beside the exported model, and one summary line."""
     from training.cross_encoder import write_log
     from training.export import write_model_card
 
     summary["onnx_check"] = check
+    summary["split"] = split
     write_log(out, summary)
     write_model_card(out, kind=kind, dataset=str(dataset), summary=summary, check=check, command=_command())
     best = summary["best"]
@@ -89,7 +90,7 @@ def cmd_train_cross_encoder(args: argparse.Namespace) -> int:
                    for d in docs[:8]] or [(data.queries[q], data.passages[g]) for q in list(data.train)[:8]
                                           for g in data.positives(q)[:1]]
     check = export_cross_encoder(model, tokenizer, out, check_pairs, cfg.max_length)
-    return _finish(out, "cross-encoder", dataset, summary, check)
+    return _finish(out, "cross-encoder", dataset, args.split, summary, check)
 
 
 def cmd_train_late_interaction(args: argparse.Namespace) -> int:
@@ -104,7 +105,7 @@ def cmd_train_late_interaction(args: argparse.Namespace) -> int:
     docs = [d for q in qids for d in (data.dev_candidates.get(q) or data.positives(q))[:3]]
     check = export_late_interaction(model, tokenizer, conv, out, queries, [data.passages[d] for d in docs],
                                     cfg.doc_maxlen)
-    return _finish(out, "late-interaction", dataset, summary, check)
+    return _finish(out, "late-interaction", dataset, args.split, summary, check)
 
 
 def cmd_train_card(args: argparse.Namespace) -> int:

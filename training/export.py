@@ -133,7 +133,7 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
         f"- Data: `{dataset}`; {summary['train_queries']} training queries ({summary['groups']} groups: one per judged "
         f"positive{retrieved}); dev: {summary['dev_queries']} queries, {summary['dev_source']}. The test split was not read "
         "for training or selection.",
-        *_synthetic_line(Path(dataset)),
+        *_synthetic_line(Path(dataset), summary.get("split", "train")),
         f"- Negatives per group: {cfg['hard_negatives']} hard (mined with this project's BM25 and dense first stage "
         f"over the corpus index, judged-relevant documents excluded), {cfg['random_negatives']} random{in_batch}.",
         loss_line,
@@ -154,15 +154,17 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
     (out / "README.md").write_text("\n".join(lines))
 
 
-def _synthetic_line(dataset: Path) -> list[str]:
+def _synthetic_line(dataset: Path, split: str) -> list[str]:
     """The card's line on a dataset written by ``hybridrag train synth-queries`` (none for judged data)."""
     try:
         rep = json.loads((dataset / "synthetic.json").read_text())
     except (OSError, ValueError):
         return []
-    return [f"- Queries: synthetic, no human judgment: {rep['kept']} kept of {rep['documents']} documents, written by "
-            f"{rep.get('generator') or 'an LLM'}, kept when the first stage ranks the source document in its top "
-            f"{rep['config']['keep_top']} (`{dataset / 'synthetic.json'}`). In-domain, label-free."]
+    which = (f"{rep['usable']} of {rep['documents']} documents, no filter (split `unfiltered`)" if split == "unfiltered"
+             else f"{rep['kept']} kept of {rep['documents']} documents, kept when the first stage ranks the source "
+                  f"document in its top {rep['config']['keep_top']}")
+    return [f"- Queries: synthetic, no human judgment: {which}; written by {rep.get('generator') or 'an LLM'} "
+            f"(`{dataset / 'synthetic.json'}`). In-domain, label-free."]
 
 
 def _stage_label(name: str, rerank: dict[str, Any]) -> str:

@@ -9,9 +9,11 @@
   its source document in the top ``keep_top``. A query the first stage cannot map back to its document is either
   off-topic or too generic to teach the reranker anything.
 - Output: a BEIR-layout folder that the trainers read as they read a judged dataset: ``corpus.jsonl`` (a symbolic
-  link to the source corpus, never a copy), ``queries.jsonl`` (ids ``syn-<n>``), ``qrels/train.tsv`` (each kept
-  query judges its source document relevant) and ``synthetic.json`` (settings, counts, timings, dropped reasons,
-  examples). The trainers hold out a share of these queries as their dev split (there is no dev judgment).
+  link to the source corpus, never a copy), ``queries.jsonl`` (every usable query, ids ``syn-<n>``, with its source
+  document and that document's rank in the first stage), ``qrels/train.tsv`` (each kept query judges its source
+  document relevant), ``qrels/unfiltered.tsv`` (the same for every usable query: ``--split unfiltered`` trains
+  without the filter, to measure it) and ``synthetic.json`` (settings, counts, timings, dropped reasons, examples).
+  The trainers hold out a share of the queries as their dev split (there is no dev judgment).
 
 No torch here: generation talks HTTP to the LLM server; the filter is the serving pipeline.
 """
@@ -153,7 +155,8 @@ def filter_consistent(pairs: Sequence[tuple[Document, str]], pipeline, keep_top:
     return kept, dropped
 
 
-def write_dataset(out: Path, corpus: Path, kept: Sequence[tuple[Document, str, int]], report: dict[str, Any]) -> None:
+def write_dataset(out: Path, corpus: Path, kept: Sequence[tuple[Document, str, int]],
+                  dropped: Sequence[tuple[Document, str, int]], report: dict[str, Any]) -> None:
     """The BEIR-layout folder (see the module doc). ``corpus`` is linked, not copied."""
     out.mkdir(parents=True, exist_ok=True)
     link = out / ("corpus.jsonl.gz" if corpus.suffix == ".gz" else "corpus.jsonl")
@@ -162,13 +165,19 @@ def write_dataset(out: Path, corpus: Path, kept: Sequence[tuple[Document, str, i
             (out / name).unlink()
     link.symlink_to(corpus.resolve())
     (out / "qrels").mkdir(exist_ok=True)
-    with open(out / "queries.jsonl", "w", encoding="utf-8") as qf, open(out / "qrels" / "train.tsv", "w",
-                                                                        encoding="utf-8") as rf:
-        rf.write("query-id\tcorpus-id\tscore\n")
-        for n, (doc, query, _) in enumerate(kept):
+    header = "query-id\tcorpus-id\tscore\n"
+    with (open(out / "queries.jsonl", "w", encoding="utf-8") as qf,
+          open(out / "qrels" / "train.tsv", "w", encoding="utf-8") as tf,
+          open(out / "qrels" / "unfiltered.tsv", "w", encoding="utf-8") as uf):
+        tf.write(header)
+        uf.write(header)
+        for n, (doc, query, rank) in enumerate([*kept, *dropped]):
             qid = f"syn-{n}"
-            qf.write(json.dumps({"_id": qid, "text": query, "metadata": {"source_doc": doc.id}}) + "\n")
-            rf.write(f"{qid}\t{doc.id}\t1\n")
+            qf.write(json.dumps({"_id": qid, "text": query, "metadata": {"source_doc": doc.id, "source_rank": rank}})
+                     + "\n")
+            uf.write(f"{qid}\t{doc.id}\t1\n")
+            if n < len(kept):
+                tf.write(f"{qid}\t{doc.id}\t1\n")
     (out / "synthetic.json").write_text(json.dumps(report, indent=1) + "\n")
 
 
@@ -194,5 +203,5 @@ def synthesize(docs: Sequence[Document], corpus: Path, out: Path, complete: Call
     if not kept:
         raise ConfigError(f"no synthetic query survived ({dict(dropped)}): nothing to train on; try a larger "
                           "--keep-top or more --docs")
-    write_dataset(out, corpus, kept, report)
+    write_dataset(out, corpus, kept, inconsistent, report)
     return report
