@@ -107,3 +107,18 @@ def test_the_filter_drops_a_query_that_does_not_find_its_document(pipeline):
     assert [q for _, q, _ in kept] == ["how far does light travel in one year"] and 1 <= kept[0][2] <= 3
     assert [(q, r) for _, q, r in dropped] == [("recipe for sourdough bread with rye flour", 0)]
     assert len(filter_consistent([(light, "anything at all")], pipeline, 0)[0]) == 1
+
+
+def test_cli_names_an_unreachable_generator_and_writes_nothing(sample_index_dir, tmp_path, capsys):
+    from retrieval.cli import main
+    from retrieval.llm_server import free_port
+
+    out = tmp_path / "syn"
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    assert main(["train", "synth-queries", "--dataset", str(SAMPLE), "--index", str(sample_index_dir), "--out", str(out),
+                 "--docs", "2", "--llm-url", url, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "error: the query generator at " + url + " failed: ConnectError" in err and not out.exists()
+    assert main(["train", "synth-queries", "--dataset", str(tmp_path / "none"), "--index", str(sample_index_dir),
+                 "--out", str(out), "--llm-url", url]) == 2
+    assert "no such corpus file" in capsys.readouterr().err

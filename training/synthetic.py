@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from index_builder.errors import ConfigError
+from index_builder.errors import BackendUnavailable, ConfigError
 from index_builder.types import Document
 
 SYSTEM = "You write one short search query that the given document answers. Reply with the query only."
@@ -133,9 +133,12 @@ def chat_completer(base_url: str, model: str = "", *, max_tokens: int = 40, time
         body: dict[str, Any] = {"messages": msgs, "max_tokens": max_tokens, "temperature": 0.0}
         if model:
             body["model"] = model
-        r = client.post("/chat/completions", json=body)
-        r.raise_for_status()
-        return r.json()["choices"][0]["message"]["content"] or ""
+        try:
+            r = client.post("/chat/completions", json=body)
+            r.raise_for_status()
+            return r.json()["choices"][0]["message"]["content"] or ""
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+            raise BackendUnavailable(f"the query generator at {base_url} failed: {type(e).__name__}: {e}") from None
 
     return complete
 
