@@ -32,12 +32,21 @@ def _init_folder(init: str) -> Path:
     return path
 
 
-def _prepare(args: argparse.Namespace, config_cls: Any) -> tuple[Any, Any, Path]:
-    """The training config from the arguments, the judgments with a dev split, and mined negatives."""
+def _open_pipeline(index_dir: Path, dataset: Path, config: Any, quiet: bool) -> Any:
+    """The first stage over ``index_dir``, built there from ``dataset``'s corpus first when it has no snapshot."""
     from index_builder.build import build_snapshot
     from index_builder.corpus import read_corpus, resolve_corpus_path
-    from retrieval.config import load_config
     from retrieval.pipeline import Pipeline
+
+    if not (index_dir / "CURRENT").exists():
+        docs, _ = read_corpus(resolve_corpus_path(dataset))
+        print(build_snapshot(docs, index_dir, config.build_config(), progress=not quiet).line(), file=sys.stderr)
+    return Pipeline.open(index_dir, config)
+
+
+def _prepare(args: argparse.Namespace, config_cls: Any) -> tuple[Any, Any, Path]:
+    """The training config from the arguments, the judgments with a dev split, and mined negatives."""
+    from retrieval.config import load_config
     from training.data import load_training_data, mine
 
     config = load_config(args.config)
@@ -45,10 +54,7 @@ def _prepare(args: argparse.Namespace, config_cls: Any) -> tuple[Any, Any, Path]
     cfg = config_cls(**{f.name: getattr(args, f.name) for f in fields(config_cls)
                         if getattr(args, f.name, None) is not None})
     data = load_training_data(dataset, args.split, dev_fraction=args.dev_fraction, seed=cfg.seed)
-    if not (index_dir / "CURRENT").exists():
-        docs, _ = read_corpus(resolve_corpus_path(dataset))
-        print(build_snapshot(docs, index_dir, config.build_config(), progress=not args.quiet).line(), file=sys.stderr)
-    pipeline = Pipeline.open(index_dir, config)
+    pipeline = _open_pipeline(index_dir, dataset, config, args.quiet)
     try:
         mine(data, pipeline, depth=args.mine_depth, log_every=0 if args.quiet else 200,
              neighbors=cfg.neighbors if getattr(cfg, "neighbor_targets", 0) > 0 else 0)
@@ -117,11 +123,9 @@ def cmd_train_card(args: argparse.Namespace) -> int:
 
 
 def cmd_train_synth_queries(args: argparse.Namespace) -> int:
-    from index_builder.build import build_snapshot
     from index_builder.corpus import read_corpus, resolve_corpus_path
     from retrieval.config import load_config
     from retrieval.llm_server import EmbeddedLLMConfig, EmbeddedLLMServer
-    from retrieval.pipeline import Pipeline
     from training.synthetic import SynthConfig, chat_completer, synthesize
 
     cfg = SynthConfig(**{k: v for k, v in (("docs", args.docs), ("seed", args.seed), ("keep_top", args.keep_top),
@@ -129,29 +133,31 @@ def cmd_train_synth_queries(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     corpus = resolve_corpus_path(Path(args.dataset))
     docs, _ = read_corpus(corpus)
-    index_dir, out = Path(args.index), Path(args.out)
-    if not (index_dir / "CURRENT").exists():
-        print(build_snapshot(docs, index_dir, config.build_config(), progress=not args.quiet).line(), file=sys.stderr)
+    out = Path(args.out)
+    pipeline = _open_pipeline(Path(args.index), Path(args.dataset), config, args.quiet)  # before the LLM: it may build
     server = None
-    if args.llm_url:
-        base_url, generator = args.llm_url, f"{args.llm_model or 'default model'} at {args.llm_url}"
-    else:
-        server = EmbeddedLLMServer(EmbeddedLLMConfig(threads=args.threads or 0, nice=0, n_ctx=2048))
-        base_url, generator = server.start(), f"embedded llama.cpp, {server.model_path.name}"
-    pipeline = Pipeline.open(index_dir, config)
     try:
+        if args.llm_url:
+            base_url, generator = args.llm_url, f"{args.llm_model or 'default model'} at {args.llm_url}"
+        else:
+            server = EmbeddedLLMServer(EmbeddedLLMConfig(threads=args.threads or 0, nice=0, n_ctx=2048))
+            base_url, generator = server.start(), f"embedded llama.cpp, {server.model_path.name}"
         complete = chat_completer(base_url, args.llm_model or "", max_tokens=cfg.max_tokens)
-        report = synthesize(docs, corpus, out, complete, pipeline, cfg, generator=generator,
+        report = synthesize(docs, corpus, out, complete, pipeline, cfg, generator=generator, command=_command(),
                             log_every=0 if args.quiet else 50)
     finally:
         pipeline.close()
         if server is not None:
             server.stop()
-    report["command"] = _command()
-    (out / "synthetic.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"{report['kept']} synthetic queries kept of {report['documents']} documents ({report['usable']} usable, "
           f"dropped {report['dropped']}); generation {report['generate_s']} s, filter {report['filter_s']} s; wrote {out}")
     return 0
+
+
+def _run_options(q: Any) -> None:
+    q.add_argument("--config", help="TOML configuration (index and first stage)")
+    q.add_argument("--quiet", action="store_true")
+    q.add_argument("-v", "--verbose", action="store_true")
 
 
 def _common(q: Any) -> None:
@@ -176,9 +182,7 @@ def _common(q: Any) -> None:
     q.add_argument("--device", choices=("auto", "cpu", "cuda"), help="torch device (auto: CUDA when present)")
     q.add_argument("--precision", choices=("auto", "bf16", "fp32"),
                    help="auto: bf16 autocast where the device has native bf16 (CUDA, AMX / AVX512-BF16 CPUs), else fp32")
-    q.add_argument("--config", help="TOML configuration (index and first stage)")
-    q.add_argument("--quiet", action="store_true")
-    q.add_argument("-v", "--verbose", action="store_true")
+    _run_options(q)
 
 
 def add_parser(sub: Any) -> None:
@@ -224,9 +228,7 @@ def add_parser(sub: Any) -> None:
     q.add_argument("--llm-url", dest="llm_url", help="an OpenAI-compatible server (vLLM) instead of the embedded LLM")
     q.add_argument("--llm-model", dest="llm_model", default="", help="model name for --llm-url")
     q.add_argument("--threads", type=int, help="embedded LLM threads (default: all cores)")
-    q.add_argument("--config", help="TOML configuration (index and first stage)")
-    q.add_argument("--quiet", action="store_true")
-    q.add_argument("-v", "--verbose", action="store_true")
+    _run_options(q)
     q.set_defaults(func=cmd_train_synth_queries)
     q = tsub.add_parser("card", help="append test figures (hybridrag eval --json files) to a trained model's card")
     q.add_argument("--model", required=True)

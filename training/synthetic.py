@@ -185,7 +185,8 @@ def write_dataset(out: Path, corpus: Path, kept: Sequence[tuple[Document, str, i
 
 
 def synthesize(docs: Sequence[Document], corpus: Path, out: Path, complete: Callable[[list[dict[str, str]]], str],
-               pipeline, cfg: SynthConfig, *, generator: str = "", log_every: int = 0) -> dict[str, Any]:
+               pipeline, cfg: SynthConfig, *, generator: str = "", command: str = "", log_every: int = 0
+               ) -> dict[str, Any]:
     """Sample, generate, clean, filter and write (see the module doc); returns the report written to
     ``synthetic.json``."""
     sample = sample_documents(docs, cfg.docs, cfg.seed)
@@ -197,7 +198,8 @@ def synthesize(docs: Sequence[Document], corpus: Path, out: Path, complete: Call
     kept, inconsistent = filter_consistent(pairs, pipeline, cfg.keep_top)
     if inconsistent:
         dropped[f"source not in the first stage's top {cfg.keep_top}"] = len(inconsistent)
-    report = {"config": asdict(cfg), "generator": generator, "corpus": str(corpus), "documents": len(sample),
+    report = {"command": command, "config": asdict(cfg), "generator": generator, "corpus": str(corpus),
+              "documents": len(sample),
               "usable": len(pairs), "kept": len(kept), "dropped": dict(dropped),
               "rank_of_source": dict(sorted(Counter(r for _, _, r in kept).items())),
               "generate_s": round(t_gen, 1), "filter_s": round(time.perf_counter() - t0 - t_gen, 1),
