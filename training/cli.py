@@ -53,6 +53,11 @@ def _prepare(args: argparse.Namespace, config_cls: Any) -> tuple[Any, Any, Path]
     dataset, index_dir = Path(args.dataset), Path(args.index)
     cfg = config_cls(**{f.name: getattr(args, f.name) for f in fields(config_cls)
                         if getattr(args, f.name, None) is not None})
+    if getattr(cfg, "lists", 0) > args.mine_depth:
+        from index_builder.errors import ConfigError
+
+        raise ConfigError(f"--lists {cfg.lists} needs --mine-depth >= {cfg.lists} (got {args.mine_depth}): the lists "
+                          "are the mined fused top N")
     data = load_training_data(dataset, args.split, dev_fraction=args.dev_fraction, seed=cfg.seed)
     pipeline = _open_pipeline(index_dir, dataset, config, args.quiet)
     try:
@@ -199,6 +204,11 @@ def add_parser(sub: Any) -> None:
                    help="soft targets: a negative's target mass = this x the share of the nearest training queries "
                         "that judge it relevant (0 = off)")
     q.add_argument("--neighbors", type=int, help="nearest training queries for --neighbor-targets (default 5)")
+    q.add_argument("--lists", type=int, help="pool lists: train on each training query's fused top N, every judged "
+                                             "document of it a target (0 = groups; N <= --mine-depth)")
+    q.add_argument("--prior-weight", type=float, dest="prior_weight",
+                   help="with --lists: add this x the z-scored fused position to the logits in the loss (residual "
+                        "over the order the served blend keeps; 0 = off)")
     q.set_defaults(func=cmd_train_cross_encoder)
     q = tsub.add_parser("late-interaction", help="fine-tune a ColBERT-style model (ColBERT conventions, listwise loss "
                                                  "with in-batch negatives, dev early stopping), export it to ONNX")

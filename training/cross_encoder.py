@@ -11,7 +11,15 @@ positives in the step are added to each group (``in_batch``), except those judge
 = "retrieved"`` trains only on positives the first stage finds (:func:`training.data.make_groups`).
 ``neighbor_targets`` = beta > 0 makes the targets soft: each negative gets target mass beta x its neighbour support
 (:meth:`training.data.TrainingData.support`, the share of similar training queries that judge it relevant), the
-positive 1, normalised over the group; 0 = the positive alone. Device and
+positive 1, normalised over the group; 0 = the positive alone.
+
+Pool lists (``lists`` = N > 0) replace the groups: the unit is a training query's served fused top N
+(:func:`training.data.make_lists`), scored as one list; the target mass is spread evenly over its judged documents
+(ListNet), and with ``neighbor_targets`` each unjudged one gets beta x its neighbour support. That is the task the
+stage serves: order a fused head in which, on NFCorpus, several documents are judged. ``prior_weight`` = lambda > 0
+adds lambda x the z-scored fused position to the logits inside the loss (the prior of
+:func:`rerank.interpolation.blend_with_prior`), so the model is trained as a residual over the order it blends
+with when served (CLEAR's residual learning over a lexical score). Device and
 precision come from :mod:`training.runtime` (bf16 autocast on CPUs with AMX, CUDA when present). AdamW, linear
 warm-up then linear decay, a fixed seed. Every ``eval_every`` steps the model reranks the top ``rerank_top`` of the
 served fused list of every dev query; nDCG@10 of that list against the fused list's is logged, the best state is
@@ -34,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.evaluate import evaluate
-from training.data import Group, TrainingData, fused_run, make_groups
+from training.data import Group, PoolList, TrainingData, fused_run, make_groups, make_lists
 from training.runtime import CPU_FP32, TorchRuntime, resolve_runtime
 from training.selection import DevSelection, progress_writer
 
@@ -48,6 +56,8 @@ class CrossEncoderTrainConfig:
     in_batch: bool = True
     neighbor_targets: float = 0.0  # beta: soft target mass of a negative = beta x its neighbour support (0 = off)
     neighbors: int = 5  # training queries per neighbourhood when neighbor_targets > 0 (training.data.mine)
+    lists: int = 0  # N > 0: train on each training query's fused top N (pool lists) instead of groups
+    prior_weight: float = 0.0  # lambda: with lists, lambda x z(fused position) is added to the logits in the loss
     groups_per_step: int = 4
     lr: float = 3e-5
     head_lr: float = 1e-3
@@ -70,6 +80,12 @@ class CrossEncoderTrainConfig:
             raise ConfigError(f"--neighbor-targets must be >= 0 (0 = off), got {self.neighbor_targets}")
         if self.neighbor_targets > 0 and self.neighbors < 1:
             raise ConfigError(f"--neighbors must be >= 1 with --neighbor-targets, got {self.neighbors}")
+        if self.lists < 0 or self.lists == 1:
+            raise ConfigError(f"--lists must be 0 (groups) or a list length >= 2, got {self.lists}")
+        if self.prior_weight < 0:
+            raise ConfigError(f"--prior-weight must be >= 0, got {self.prior_weight}")
+        if self.prior_weight > 0 and not self.lists:
+            raise ConfigError("--prior-weight needs --lists N: only a pool list has a fused position per document")
 
 
 def _pairs_logits(model, tokenizer, torch, queries: list[str], passages: list[str], max_length: int,
@@ -122,6 +138,32 @@ def step_loss(model, tokenizer, torch, groups: list[Group], data: TrainingData, 
     return -(mass * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
 
 
+def list_loss(model, tokenizer, torch, lists: list[PoolList], data: TrainingData, cfg: CrossEncoderTrainConfig,
+              runtime: TorchRuntime = CPU_FP32):
+    """Pool-list loss (module docstring): softmax cross-entropy of each list's logits, plus ``cfg.prior_weight`` x
+    the z-scored fused position, against its judged documents' share of the mass."""
+    width = min(len(p.docs) for p in lists)
+    queries = [p.query for p in lists for _ in range(width)]
+    passages = [data.passages[d] for p in lists for d in p.docs[:width]]
+    logits = _pairs_logits(model, tokenizer, torch, queries, passages, cfg.max_length, runtime).view(len(lists), width)
+    if cfg.prior_weight > 0:
+        prior = -torch.arange(width, dtype=torch.float32, device=logits.device)
+        logits = logits + cfg.prior_weight * (prior - prior.mean()) / prior.std(unbiased=False)
+    mass = torch.tensor(list_targets(lists, width, data, cfg.neighbor_targets), device=logits.device)
+    return -(mass * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+
+
+def list_targets(lists: list[PoolList], width: int, data: TrainingData, beta: float) -> list[list[float]]:
+    """Per list: 1 for each judged document, ``beta`` x neighbour support for each unjudged one, normalised."""
+    out = []
+    for p in lists:
+        mass = [y if y > 0 else beta * data.support(p.qid, d) for d, y in zip(p.docs[:width], p.labels[:width],
+                                                                             strict=True)]
+        total = sum(mass)
+        out.append([m / total for m in mass])
+    return out
+
+
 def soft_targets(groups: list[Group], lists: list[list[str]], width: int, data: TrainingData, beta: float
                  ) -> list[list[float]]:
     """Per group: 1 for the positive (index 0), ``beta`` x neighbour support for each negative, normalised."""
@@ -161,12 +203,18 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
     model.to(runtime.device)
     if progress:
         print(f"training on {runtime.describe()}", file=sys.stderr)
-    groups = make_groups(data, hard=cfg.hard_negatives, random_negatives=cfg.random_negatives, seed=cfg.seed,
-                         positives=cfg.positives)
-    if not groups:
-        raise ValueError("no training groups: no judged query has a positive in the corpus")
+    if cfg.lists:
+        groups = make_lists(data, depth=cfg.lists, seed=cfg.seed)
+        if not groups:
+            raise ValueError(f"no pool lists: no training query's fused top {cfg.lists} holds both a judged and an "
+                             "unjudged document (mine at least that deep)")
+    else:
+        groups = make_groups(data, hard=cfg.hard_negatives, random_negatives=cfg.random_negatives, seed=cfg.seed,
+                             positives=cfg.positives)
+        if not groups:
+            raise ValueError("no training groups: no judged query has a positive in the corpus")
     steps = cfg.max_steps or max(1, int(len(groups) * cfg.epochs / cfg.groups_per_step))
-    support = neighbor_support_summary(groups, data) if cfg.neighbor_targets > 0 else None
+    support = neighbor_support_summary(groups, data) if cfg.neighbor_targets > 0 and not cfg.lists else None
     if support and progress:
         print(f"neighbour support: positives {support['positives_mean']}, negatives {support['negatives_mean']} "
               f"({support['negatives_supported']} of negatives above 0)", file=sys.stderr)
@@ -186,7 +234,7 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
     for step in bar:
         model.train()
         batch = [groups[(step * cfg.groups_per_step + i) % len(groups)] for i in range(cfg.groups_per_step)]
-        loss = step_loss(model, tokenizer, torch, batch, data, cfg, runtime)
+        loss = (list_loss if cfg.lists else step_loss)(model, tokenizer, torch, batch, data, cfg, runtime)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

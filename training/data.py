@@ -56,6 +56,7 @@ class TrainingData:
     retrieved: dict[str, set[str]] = field(default_factory=dict)  # query id -> every doc of its first-stage pool
     dev_candidates: dict[str, list[str]] = field(default_factory=dict)  # dev query id -> fused list, best first
     neighbors: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # train qid -> [(train qid, weight)]
+    fused: dict[str, list[str]] = field(default_factory=dict)  # train query id -> its served fused list, best first
 
     def positives(self, qid: str) -> list[str]:
         return [d for d, rel in self.train.get(qid, {}).items() if rel > 0]
@@ -106,8 +107,9 @@ def _judged(qrels: Qrels) -> Qrels:
 
 def mine(data: TrainingData, pipeline, *, depth: int = 30, dev_depth: int = 100, log_every: int = 0,
          neighbors: int = 0) -> None:
-    """Hard negatives for every training query and the fused candidate list of every dev query, from ``pipeline``
-    (the first stage over the index of this corpus). Fills ``data.mined`` and ``data.dev_candidates``, and with
+    """Hard negatives and the fused list of every training query, and the fused candidate list of every dev query,
+    from ``pipeline`` (the first stage over the index of this corpus). Fills ``data.mined``, ``data.retrieved``,
+    ``data.fused`` and ``data.dev_candidates``, and with
     ``neighbors`` > 0 ``data.neighbors`` (:func:`find_neighbors`, the pipeline's query embedder)."""
     judged: dict[str, set[str]] = {}
     for qrels in (data.train, data.dev):
@@ -126,6 +128,7 @@ def mine(data: TrainingData, pipeline, *, depth: int = 30, dev_depth: int = 100,
                     seen.append(doc_id)
         data.mined[qid] = seen
         data.retrieved[qid] = pool
+        data.fused[qid] = result.doc_ids()
         if log_every and (i + 1) % log_every == 0:
             print(f"mined {i + 1}/{len(data.train)} training queries", flush=True)
     for qid in sorted(data.dev):
@@ -193,6 +196,32 @@ def make_groups(data: TrainingData, *, hard: int, random_negatives: int, seed: i
             groups.append(Group(data.queries[qid], pos, tuple(negatives), qid))
     rng.shuffle(groups)
     return groups
+
+
+@dataclass(frozen=True)
+class PoolList:
+    """A training query's served fused top N, each document with its judgment (1 relevant, 0 not)."""
+    qid: str
+    query: str
+    docs: tuple[str, ...]  # fused order, best first
+    labels: tuple[float, ...]
+
+
+def make_lists(data: TrainingData, *, depth: int, seed: int) -> list[PoolList]:
+    """One list per training query: its fused top ``depth`` (``data.fused``, from :func:`mine`) with the training
+    judgments as labels; only lists that hold both a relevant and an unjudged document (the others carry no
+    ordering signal), shuffled with ``seed``. The unit of the pool-list objective: the model learns to order what
+    it will rerank when served, every judged document of the list at once."""
+    out = []
+    for qid in sorted(data.train):
+        docs = tuple(d for d in data.fused.get(qid, ())[:depth] if d in data.passages)
+        if len(docs) < depth:
+            continue
+        labels = tuple(1.0 if data.train[qid].get(d, 0) > 0 else 0.0 for d in docs)
+        if 0 < sum(labels) < len(labels):
+            out.append(PoolList(qid, data.queries[qid], docs, labels))
+    random.Random(seed).shuffle(out)
+    return out
 
 
 def _weighted_sample(items: Sequence[str], weights: Sequence[float], k: int, rng: random.Random) -> list[str]:

@@ -93,7 +93,8 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
     cfg = summary["config"]
     best = summary["best"]
     li = kind == "late-interaction"
-    per_step = f"{cfg['queries_per_step']} queries" if li else f"{cfg['groups_per_step']} groups"
+    per_step = (f"{cfg['queries_per_step']} queries" if li else
+                f"{cfg['groups_per_step']} {'lists' if cfg.get('lists') else 'groups'}")
     in_batch = (", plus every other document of the step (in-batch)" if li else
                 ", plus the other groups' positives in the step (in-batch)" if cfg.get("in_batch") else "")
     model_line = (f"- Model: BERT encoder + Linear(hidden -> {cfg['dim']}) + L2 norm, projection initialised by "
@@ -121,6 +122,14 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
                      f"{cfg['neighbor_targets']} x its support among the {cfg['neighbors']} nearest training queries "
                      f"(similarity-weighted share judging it relevant), normalised per list; mean support "
                      f"{sup.get('positives_mean')} for positives, {sup.get('negatives_mean')} for negatives.")
+    pool = bool(cfg.get("lists")) and not li
+    if pool:
+        soft = (f", each unjudged one {cfg['neighbor_targets']} x its support among the {cfg['neighbors']} nearest "
+                "training queries" if cfg.get("neighbor_targets") else "")
+        prior = (f" The logits in the loss carry {cfg['prior_weight']} x the z-scored fused position (trained as a "
+                 "residual over the fused order)." if cfg.get("prior_weight") else "")
+        loss_line = (f"- Loss: listwise softmax cross-entropy over each pool list, the target mass spread evenly over "
+                     f"its judged documents{soft}, normalised per list.{prior}")
     serve = ('`[late_interaction] model = "<this folder>"`, then `hybridrag index tokens --index DIR --out NEW` '
              "recomputes the passages' token vectors (the dense side is kept)" if li else
              '`[cross_encoder] model = "<this folder>"` (or `<this folder>/int8`) and `[rerank] cross_encoder = true`')
@@ -130,12 +139,16 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
         "",
         f"Command: `{command}`",
         "",
-        f"- Data: `{dataset}`; {summary['train_queries']} training queries ({summary['groups']} groups: one per judged "
-        f"positive{retrieved}); dev: {summary['dev_queries']} queries, {summary['dev_source']}. The test split was not read "
+        f"- Data: `{dataset}`; {summary['train_queries']} training queries ("
+        + (f"{summary['groups']} pool lists: a query's fused top {cfg['lists']} when it holds judged and unjudged "
+           "documents" if pool else f"{summary['groups']} groups: one per judged positive{retrieved}")
+        + f"); dev: {summary['dev_queries']} queries, {summary['dev_source']}. The test split was not read "
         "for training or selection.",
         *_synthetic_line(Path(dataset), summary.get("split", "train")),
-        f"- Negatives per group: {cfg['hard_negatives']} hard (mined with this project's BM25 and dense first stage "
-        f"over the corpus index, judged-relevant documents excluded), {cfg['random_negatives']} random{in_batch}.",
+        ("- Negatives: the unjudged documents of each list (this project's served fused order over the corpus "
+         "index)." if pool else
+         f"- Negatives per group: {cfg['hard_negatives']} hard (mined with this project's BM25 and dense first stage "
+         f"over the corpus index, judged-relevant documents excluded), {cfg['random_negatives']} random{in_batch}."),
         loss_line,
         model_line,
         f"- Initialised from `{summary['init']}`; {per_step} a step; AdamW {lrs}, weight decay "
