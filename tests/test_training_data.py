@@ -120,3 +120,5 @@ def test_bad_neighbour_settings_are_refused_before_mining(capsys):
     assert "--prior-weight needs --lists N" in capsys.readouterr().err
     assert main([*base, "--lists", "20", "--mine-depth", "10"]) == 2
     assert "--lists 20 needs --mine-depth >= 20" in capsys.readouterr().err
+    assert main([*base, "--lists", "10", "--mine-depth", "10", "--hard-negatives", "4", "--positives", "retrieved"]) == 2
+    assert "--positives, --hard-negatives shape the groups, and --lists 10 trains on pool lists" in capsys.readouterr().err

@@ -58,6 +58,13 @@ def _prepare(args: argparse.Namespace, config_cls: Any) -> tuple[Any, Any, Path]
 
         raise ConfigError(f"--lists {cfg.lists} needs --mine-depth >= {cfg.lists} (got {args.mine_depth}): the lists "
                           "are the mined fused top N")
+    ignored = [f"--{n.replace('_', '-')}" for n in ("positives", "hard_negatives", "random_negatives")
+               if getattr(cfg, "lists", 0) and getattr(args, n, None) is not None]
+    if ignored:
+        from index_builder.errors import ConfigError
+
+        raise ConfigError(f"{', '.join(ignored)} shape the groups, and --lists {cfg.lists} trains on pool lists "
+                          "instead: drop one or the other")
     data = load_training_data(dataset, args.split, dev_fraction=args.dev_fraction, seed=cfg.seed)
     pipeline = _open_pipeline(index_dir, dataset, config, args.quiet)
     try:
