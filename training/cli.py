@@ -32,16 +32,32 @@ def _init_folder(init: str) -> Path:
     return path
 
 
-def _open_pipeline(index_dir: Path, dataset: Path, config: Any, quiet: bool) -> Any:
-    """The first stage over ``index_dir``, built there from ``dataset``'s corpus first when it has no snapshot."""
+def _open_pipeline(index_dir: Path, dataset: Path, config: Any, quiet: bool, docs: Any = None) -> Any:
+    """The first stage over ``index_dir``, built there from ``dataset``'s corpus (or ``docs``, already read from
+    it) first when it has no snapshot."""
     from index_builder.build import build_snapshot
     from index_builder.corpus import read_corpus, resolve_corpus_path
     from retrieval.pipeline import Pipeline
 
     if not (index_dir / "CURRENT").exists():
-        docs, _ = read_corpus(resolve_corpus_path(dataset))
+        if docs is None:
+            docs, _ = read_corpus(resolve_corpus_path(dataset))
         print(build_snapshot(docs, index_dir, config.build_config(), progress=not quiet).line(), file=sys.stderr)
     return Pipeline.open(index_dir, config)
+
+
+def _check_lists(args: argparse.Namespace, lists: int) -> None:
+    """``--lists`` reads the mined fused top N and replaces the groups, so their options have no say."""
+    from index_builder.errors import ConfigError
+
+    if lists > args.mine_depth:
+        raise ConfigError(f"--lists {lists} needs --mine-depth >= {lists} (got {args.mine_depth}): the lists are the "
+                          "mined fused top N")
+    ignored = [f"--{n.replace('_', '-')}" for n in ("positives", "hard_negatives", "random_negatives")
+               if getattr(args, n, None) is not None]
+    if ignored:
+        raise ConfigError(f"{', '.join(ignored)} shape the groups, and --lists {lists} trains on pool lists "
+                          "instead: drop one or the other")
 
 
 def _prepare(args: argparse.Namespace, config_cls: Any) -> tuple[Any, Any, Path]:
@@ -53,18 +69,8 @@ def _prepare(args: argparse.Namespace, config_cls: Any) -> tuple[Any, Any, Path]
     dataset, index_dir = Path(args.dataset), Path(args.index)
     cfg = config_cls(**{f.name: getattr(args, f.name) for f in fields(config_cls)
                         if getattr(args, f.name, None) is not None})
-    if getattr(cfg, "lists", 0) > args.mine_depth:
-        from index_builder.errors import ConfigError
-
-        raise ConfigError(f"--lists {cfg.lists} needs --mine-depth >= {cfg.lists} (got {args.mine_depth}): the lists "
-                          "are the mined fused top N")
-    ignored = [f"--{n.replace('_', '-')}" for n in ("positives", "hard_negatives", "random_negatives")
-               if getattr(cfg, "lists", 0) and getattr(args, n, None) is not None]
-    if ignored:
-        from index_builder.errors import ConfigError
-
-        raise ConfigError(f"{', '.join(ignored)} shape the groups, and --lists {cfg.lists} trains on pool lists "
-                          "instead: drop one or the other")
+    if getattr(cfg, "lists", 0):
+        _check_lists(args, cfg.lists)
     data = load_training_data(dataset, args.split, dev_fraction=args.dev_fraction, seed=cfg.seed)
     pipeline = _open_pipeline(index_dir, dataset, config, args.quiet)
     try:
@@ -146,7 +152,7 @@ def cmd_train_synth_queries(args: argparse.Namespace) -> int:
     corpus = resolve_corpus_path(Path(args.dataset))
     docs, _ = read_corpus(corpus)
     out = Path(args.out)
-    pipeline = _open_pipeline(Path(args.index), Path(args.dataset), config, args.quiet)  # before the LLM: it may build
+    pipeline = _open_pipeline(Path(args.index), Path(args.dataset), config, args.quiet, docs)  # before the LLM: it may build
     server = None
     try:
         if args.llm_url:

@@ -155,24 +155,21 @@ def list_loss(model, tokenizer, torch, lists: list[PoolList], data: TrainingData
 
 def list_targets(lists: list[PoolList], width: int, data: TrainingData, beta: float) -> list[list[float]]:
     """Per list: 1 for each judged document, ``beta`` x neighbour support for each unjudged one, normalised."""
-    out = []
-    for p in lists:
-        mass = [y if y > 0 else beta * data.support(p.qid, d) for d, y in zip(p.docs[:width], p.labels[:width],
-                                                                             strict=True)]
-        total = sum(mass)
-        out.append([m / total for m in mass])
-    return out
+    return [_target_mass(p.qid, p.docs[:width], p.labels[:width], data, beta) for p in lists]
 
 
 def soft_targets(groups: list[Group], lists: list[list[str]], width: int, data: TrainingData, beta: float
                  ) -> list[list[float]]:
     """Per group: 1 for the positive (index 0), ``beta`` x neighbour support for each negative, normalised."""
-    out = []
-    for g, docs in zip(groups, lists, strict=True):
-        mass = [1.0] + [beta * data.support(g.qid, d) for d in docs[1:width]]
-        total = sum(mass)
-        out.append([m / total for m in mass])
-    return out
+    return [_target_mass(g.qid, docs[:width], [1.0] + [0.0] * (width - 1), data, beta)
+            for g, docs in zip(groups, lists, strict=True)]
+
+
+def _target_mass(qid: str, docs, labels, data: TrainingData, beta: float) -> list[float]:
+    """A list's target distribution: each labelled document its label, each other ``beta`` x its neighbour support."""
+    mass = [y if y > 0 else beta * data.support(qid, d) for d, y in zip(docs, labels, strict=True)]
+    total = sum(mass)
+    return [m / total for m in mass]
 
 
 def neighbor_support_summary(groups: list[Group], data: TrainingData) -> dict[str, float]:

@@ -115,13 +115,6 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
                 f"{check['int8']['pearson']:.4f} with torch on {check['check_pairs']} pairs).")
     stage_weight = "[rerank] li_weight" if li else "[rerank] ce_weight"
     retrieved = " that the first stage retrieves" if cfg.get("positives") == "retrieved" else ""
-    loss_line = "- Loss: listwise softmax cross-entropy (the positive's log-probability within its list)."
-    if cfg.get("neighbor_targets"):
-        sup = summary.get("neighbor_support") or {}
-        loss_line = (f"- Loss: listwise softmax cross-entropy with soft targets: the positive 1, each negative "
-                     f"{cfg['neighbor_targets']} x its support among the {cfg['neighbors']} nearest training queries "
-                     f"(similarity-weighted share judging it relevant), normalised per list; mean support "
-                     f"{sup.get('positives_mean')} for positives, {sup.get('negatives_mean')} for negatives.")
     pool = bool(cfg.get("lists")) and not li
     if pool:
         soft = (f", each unjudged one {cfg['neighbor_targets']} x its support among the {cfg['neighbors']} nearest "
@@ -130,6 +123,14 @@ def write_model_card(out: Path, *, kind: str, dataset: str, summary: dict[str, A
                  "residual over the fused order)." if cfg.get("prior_weight") else "")
         loss_line = (f"- Loss: listwise softmax cross-entropy over each pool list, the target mass spread evenly over "
                      f"its judged documents{soft}, normalised per list.{prior}")
+    elif cfg.get("neighbor_targets"):
+        sup = summary.get("neighbor_support") or {}
+        loss_line = (f"- Loss: listwise softmax cross-entropy with soft targets: the positive 1, each negative "
+                     f"{cfg['neighbor_targets']} x its support among the {cfg['neighbors']} nearest training queries "
+                     f"(similarity-weighted share judging it relevant), normalised per list; mean support "
+                     f"{sup.get('positives_mean')} for positives, {sup.get('negatives_mean')} for negatives.")
+    else:
+        loss_line = "- Loss: listwise softmax cross-entropy (the positive's log-probability within its list)."
     serve = ('`[late_interaction] model = "<this folder>"`, then `hybridrag index tokens --index DIR --out NEW` '
              "recomputes the passages' token vectors (the dense side is kept)" if li else
              '`[cross_encoder] model = "<this folder>"` (or `<this folder>/int8`) and `[rerank] cross_encoder = true`')

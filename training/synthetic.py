@@ -199,8 +199,7 @@ def synthesize(docs: Sequence[Document], corpus: Path, out: Path, complete: Call
     if inconsistent:
         dropped[f"source not in the first stage's top {cfg.keep_top}"] = len(inconsistent)
     report = {"command": command, "config": asdict(cfg), "generator": generator, "corpus": str(corpus),
-              "documents": len(sample),
-              "usable": len(pairs), "kept": len(kept), "dropped": dict(dropped),
+              "documents": len(sample), "usable": len(pairs), "kept": len(kept), "dropped": dict(dropped),
               "rank_of_source": dict(sorted(Counter(r for _, _, r in kept).items())),
               "generate_s": round(t_gen, 1), "filter_s": round(time.perf_counter() - t0 - t_gen, 1),
               "examples_kept": [{"doc": d.id, "title": d.title[:80], "query": q, "rank": r} for d, q, r in kept[:8]],
