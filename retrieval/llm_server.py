@@ -7,6 +7,11 @@ places and would compete with Retrieve on the same interpreter. In its own proce
 loop or the retrieval pipeline; it runs at a lower CPU priority (``nice``) and a bounded thread count, so Retrieve
 keeps its latency while answers are generated (bench/generate.py measures it); a crash takes down only the
 generator, which is restarted on the next call; and the service talks to it with the very client it uses for vLLM.
+
+The server dies with the process that started it, however that process ends (SIGKILL and crashes included): it is
+launched through ``_WATCHDOG``, which holds the read end of a pipe whose write end only the parent has; when the
+parent is gone the pipe reads end-of-file and the server exits. (``PR_SET_PDEATHSIG`` would tie it to the starting
+*thread*, and ``start`` runs on whichever worker thread asked first.)
 """
 
 from __future__ import annotations
@@ -30,6 +35,20 @@ from index_builder.errors import BackendUnavailable, ConfigError
 log = logging.getLogger(__name__)
 
 DEFAULT_ALIAS = "smollm2-135m-instruct"
+
+# Run as ``python -c _WATCHDOG FD -m llama_cpp.server ARGS...``: a daemon thread blocks on the pipe FD and ends the
+# process at end-of-file (the parent exited); the main thread runs the server module as ``python -m`` would.
+_WATCHDOG = """\
+import os, runpy, sys, threading
+fd = int(sys.argv[1])
+def _watch():
+    while os.read(fd, 64):
+        pass
+    os._exit(0)
+threading.Thread(target=_watch, name="parent-watchdog", daemon=True).start()
+sys.argv = [sys.argv[3]] + sys.argv[4:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
 
 
 @dataclass(frozen=True)
@@ -91,6 +110,7 @@ class EmbeddedLLMServer:
         self.port = config.port or free_port(self.host)
         self.base_url = f"http://{self.host}:{self.port}/v1"
         self.process: subprocess.Popen[bytes] | None = None
+        self._lifeline: int | None = None  # write end of the watchdog pipe; closing it stops the server
         self._answered = False  # the running process has answered its health check
         self._log_dir = Path(tempfile.mkdtemp(prefix="hybridrag-llm-"))
         self._lock = threading.Lock()
@@ -99,9 +119,11 @@ class EmbeddedLLMServer:
     def log_path(self) -> Path:
         return self._log_dir / "llama_server.log"
 
-    def command(self) -> list[str]:
+    def command(self, watch_fd: int | None = None) -> list[str]:
+        """The server's command line; with ``watch_fd``, launched through the parent watchdog on that pipe."""
         threads = self.config.threads or os.cpu_count() or 1
-        return [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path), "--model_alias",
+        launcher = ["-c", _WATCHDOG, str(watch_fd)] if watch_fd is not None else []
+        return [sys.executable, *launcher, "-m", "llama_cpp.server", "--model", str(self.model_path), "--model_alias",
                 self.config.alias, "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.config.n_ctx),
                 "--n_threads", str(threads), "--n_threads_batch", str(threads)]
 
@@ -122,9 +144,17 @@ class EmbeddedLLMServer:
                 raise BackendUnavailable("the embedded generator needs llama-cpp-python with its server extra "
                                          "(pip install 'llama-cpp-python[server]'), or set generation.backend.base_url")
             nice = self.config.nice
-            with open(self.log_path, "ab") as out:
-                self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+            read_end, self._lifeline = os.pipe()  # both non-inheritable: only the server gets read_end (pass_fds)
+            try:
+                with open(self.log_path, "ab") as out:
+                    self.process = subprocess.Popen(self.command(read_end), stdout=out, stderr=subprocess.STDOUT,
+                                                    stdin=subprocess.DEVNULL, pass_fds=(read_end,),
+                                                    preexec_fn=(lambda: os.nice(nice)) if nice else None)
+            except BaseException:
+                self._close_lifeline()
+                raise
+            finally:
+                os.close(read_end)
             t0 = time.monotonic()
             while time.monotonic() - t0 < self.config.startup_timeout_s:
                 if self.process.poll() is not None:
@@ -154,6 +184,11 @@ class EmbeddedLLMServer:
             f"exited with code {self.process.returncode}" if self.process is not None else "not started")
         return f"embedded llama.cpp server at {self.base_url} ({state})"
 
+    def _close_lifeline(self) -> None:
+        fd, self._lifeline = self._lifeline, None
+        if fd is not None:
+            os.close(fd)
+
     def _stop_locked(self) -> None:
         p, self.process = self.process, None
         self._answered = False
@@ -164,6 +199,7 @@ class EmbeddedLLMServer:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        self._close_lifeline()
 
     def stop(self) -> None:
         with self._lock:

@@ -3,11 +3,15 @@ SmolLM2-135M-Instruct GGUF) on a free port, the sample index, a real gRPC server
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -233,3 +237,54 @@ def test_serve_answers_generate_with_the_embedded_default(sample_index_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _answers(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/models", timeout=2.0) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def test_embedded_server_dies_with_a_killed_parent(sample_index_dir):
+    """SIGKILL of ``hybridrag serve`` (no shutdown code runs) still takes its llama.cpp server down: the server
+    watches a pipe only the parent holds, so nothing is left listening on the private port, and no orphan."""
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "serve", "--index", str(sample_index_dir),
+                             "--port", "0", "--metrics-port", "0"], stderr=subprocess.PIPE, text=True)
+    llm_pid = None
+    try:
+        port = None
+        for line in proc.stderr:
+            if m := re.search(r"serving .* on port (\d+)", line):
+                port = int(m.group(1))
+                break
+        assert port
+        with RetrieverClient(f"127.0.0.1:{port}", NO_RETRY) as c:
+            _stream(c.generate(QUESTION, 2, max_tokens=4))
+            backend = c.status().generation_backend
+        m = re.search(r"embedded llama.cpp \((http://[\d.:]+/v1)\)", backend)
+        assert m, backend
+        base_url = m.group(1)
+        children = [pid for f in Path(f"/proc/{proc.pid}/task").glob("*/children") for pid in f.read_text().split()]
+        llama = [int(pid) for pid in children if b"llama_cpp.server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(llama) == 1, children
+        llm_pid = llama[0]
+        assert _answers(base_url)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _answers(base_url) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _answers(base_url), f"the llama.cpp server (pid {llm_pid}) outlived its killed parent"
+        status = Path(f"/proc/{llm_pid}/status")
+        while status.exists() and "State:\tZ" not in status.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)  # exited (gone, or a zombie left to a pid 1 that does not reap)
+        assert not status.exists() or "State:\tZ" in status.read_text()
+        llm_pid = None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if llm_pid is not None:  # the test failed: do not leave the orphan behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(llm_pid, signal.SIGKILL)
