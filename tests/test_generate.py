@@ -215,17 +215,24 @@ def test_routing_sends_short_questions_to_the_small_model(gen_pipeline, llm):
     assert (long[-1].stats.route, long[-1].stats.model) == ("large", "big")
 
 
+def _serve(index_dir) -> subprocess.Popen:
+    """``hybridrag serve`` on free ports, with the embedded generator (no backend configured)."""
+    return subprocess.Popen([sys.executable, "-m", "retrieval.cli", "serve", "--index", str(index_dir),
+                             "--port", "0", "--metrics-port", "0"], stderr=subprocess.PIPE, text=True)
+
+
+def _served_port(proc: subprocess.Popen) -> int:
+    for line in proc.stderr:
+        if m := re.search(r"serving .* on port (\d+)", line):
+            return int(m.group(1))
+    raise AssertionError(f"serve exited ({proc.wait()}) before it printed its port")
+
+
 def test_serve_answers_generate_with_the_embedded_default(sample_index_dir):
     """``hybridrag serve`` with no backend configured starts its own llama.cpp server and answers Generate."""
-    proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "serve", "--index", str(sample_index_dir),
-                             "--port", "0", "--metrics-port", "0"], stderr=subprocess.PIPE, text=True)
+    proc = _serve(sample_index_dir)
     try:
-        port = None
-        for line in proc.stderr:
-            if m := re.search(r"serving .* on port (\d+)", line):
-                port = int(m.group(1))
-                break
-        assert port
+        port = _served_port(proc)
         with RetrieverClient(f"127.0.0.1:{port}", NO_RETRY) as c:
             msgs, err = _stream(c.generate(QUESTION, 3, max_tokens=16))
             assert "embedded llama.cpp" in c.status().generation_backend
@@ -250,16 +257,10 @@ def _answers(base_url: str) -> bool:
 def test_embedded_server_dies_with_a_killed_parent(sample_index_dir):
     """SIGKILL of ``hybridrag serve`` (no shutdown code runs) still takes its llama.cpp server down: the server
     watches a pipe only the parent holds, so nothing is left listening on the private port, and no orphan."""
-    proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "serve", "--index", str(sample_index_dir),
-                             "--port", "0", "--metrics-port", "0"], stderr=subprocess.PIPE, text=True)
+    proc = _serve(sample_index_dir)
     llm_pid = None
     try:
-        port = None
-        for line in proc.stderr:
-            if m := re.search(r"serving .* on port (\d+)", line):
-                port = int(m.group(1))
-                break
-        assert port
+        port = _served_port(proc)
         with RetrieverClient(f"127.0.0.1:{port}", NO_RETRY) as c:
             _stream(c.generate(QUESTION, 2, max_tokens=4))
             backend = c.status().generation_backend
