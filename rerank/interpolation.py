@@ -15,6 +15,12 @@ import numpy as np
 WEIGHT_GRID = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4)  # what the trainers try on dev
 
 
+def standardize(scores: np.ndarray) -> np.ndarray:
+    """z-scores over one head: ``(scores - mean) / (std + 1e-6)``, float32 [K] (a flat head gives zeros)."""
+    scores = np.asarray(scores, dtype=np.float32)
+    return (scores - scores.mean()) / (scores.std() + 1e-6)
+
+
 def blend_with_prior(scores: np.ndarray, weight: float) -> np.ndarray:
     """``weight * z(scores) + (1 - weight) * z(-position)``: one blended score per head position.
 
@@ -35,7 +41,7 @@ def blend_with_prior(scores: np.ndarray, weight: float) -> np.ndarray:
         raise ValueError(f"weight must be in [0, 1], got {weight}")
     if weight == 1.0 or len(scores) < 2:
         return scores
-    z = (scores - scores.mean()) / (scores.std() + 1e-6)
+    z = standardize(scores)
     prior = -np.arange(len(scores), dtype=np.float32)
     zp = (prior - prior.mean()) / prior.std()
     return (weight * z + (1.0 - weight) * zp).astype(np.float32)

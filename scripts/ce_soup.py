@@ -18,8 +18,9 @@ import numpy as np
 import torch
 import transformers
 
+from rerank.interpolation import standardize
 from retrieval.cli import build_parser
-from training.cli import _prepare
+from training.cli import _prepare, check_pairs
 from training.cross_encoder import CrossEncoderTrainConfig, dev_scores
 from training.data import dev_figures
 from training.export import export_cross_encoder
@@ -28,11 +29,6 @@ from training.export import export_cross_encoder
 def _line(name: str, scores, data) -> str:
     fig = dev_figures(data.dev, data.dev_candidates, scores)
     return f"{name}: dev alone {fig['ndcg']:.4f}, blended {fig['blended']:.4f} at {fig['weight']}"
-
-
-def _z(values) -> np.ndarray:
-    v = np.asarray(values, dtype=np.float64)
-    return (v - v.mean()) / (v.std() + 1e-9)
 
 
 def main() -> None:
@@ -56,7 +52,7 @@ def main() -> None:
     per_model = [dev_scores(m, tokenizer, torch, data, cfg) for m in models]
     for name, scores in zip(args.models, per_model, strict=True):
         print(_line(name, scores, data), flush=True)
-    ensemble = {q: list(np.mean([_z(s[q]) for s in per_model], axis=0)) for q in per_model[0]}
+    ensemble = {q: list(np.mean([standardize(s[q]) for s in per_model], axis=0)) for q in per_model[0]}
     print(_line("score ensemble (z-score average)", ensemble, data), flush=True)
     states = [m.state_dict() for m in models]
     soup = models[0]
@@ -64,9 +60,7 @@ def main() -> None:
                           for k in states[0]})
     print(_line("weight soup (uniform)", dev_scores(soup, tokenizer, torch, data, cfg), data), flush=True)
     if args.export:
-        pairs = [(data.queries[q], data.passages[d]) for q, docs in list(data.dev_candidates.items())[:4]
-                 for d in docs[:8]]
-        print(export_cross_encoder(soup, tokenizer, Path(args.export), pairs, cfg.max_length))
+        print(export_cross_encoder(soup, tokenizer, Path(args.export), check_pairs(data), cfg.max_length))
 
 
 if __name__ == "__main__":

@@ -102,6 +102,13 @@ def _finish(out: Path, kind: str, dataset: Path, split: str, summary: dict[str, 
     return 0
 
 
+def check_pairs(data: Any) -> list[tuple[str, str]]:
+    """(query, passage) pairs the cross-encoder export is checked on: dev candidates, else training positives."""
+    return [(data.queries[q], data.passages[d]) for q, docs in list(data.dev_candidates.items())[:4]
+            for d in docs[:8]] or [(data.queries[q], data.passages[g]) for q in list(data.train)[:8]
+                                   for g in data.positives(q)[:1]]
+
+
 def cmd_train_cross_encoder(args: argparse.Namespace) -> int:
     from training.cross_encoder import CrossEncoderTrainConfig, train_cross_encoder
     from training.export import export_cross_encoder
@@ -110,10 +117,7 @@ def cmd_train_cross_encoder(args: argparse.Namespace) -> int:
     out = Path(args.out)
     model, tokenizer, summary = train_cross_encoder(data, _init_folder(args.init), cfg, progress=not args.quiet)
     out.mkdir(parents=True, exist_ok=True)
-    check_pairs = [(data.queries[q], data.passages[d]) for q, docs in list(data.dev_candidates.items())[:4]
-                   for d in docs[:8]] or [(data.queries[q], data.passages[g]) for q in list(data.train)[:8]
-                                          for g in data.positives(q)[:1]]
-    check = export_cross_encoder(model, tokenizer, out, check_pairs, cfg.max_length)
+    check = export_cross_encoder(model, tokenizer, out, check_pairs(data), cfg.max_length)
     return _finish(out, "cross-encoder", dataset, args.split, summary, check)
 
 
