@@ -22,7 +22,47 @@ from index_builder.types import Document
 log = logging.getLogger(__name__)
 
 MAX_ID_CHARS = 256
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 1_000
+# Tenants and metadata keys are identifiers: ASCII letters, digits and a few separators, so no NUL, control
+# character or Unicode look-alike ("tenаnt" with a Cyrillic a) can pass for another name. Values are free text
+# without control characters (tab and newline allowed).
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_.\-]{0,64}$")
+_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,63}$")
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def check_tenant(tenant: str) -> str:
+    """A tenant name: up to 64 ASCII letters, digits, '_', '.', '-' ("" = none); ValueError naming it otherwise."""
+    if not isinstance(tenant, str) or not _TENANT_RE.match(tenant):
+        raise ValueError(f"'tenant' must be up to 64 letters, digits, '_', '.', '-', got {tenant!r:.80}")
+    return tenant
+
+
+def check_metadata_key(key: str) -> str:
+    r"""A metadata key: 1-64 ASCII letters, digits, '_', '.', ':', '-', not starting with a separator.
+
+    >>> check_metadata_key("topic")
+    'topic'
+    >>> check_metadata_key("\x00tenant")
+    Traceback (most recent call last):
+    ...
+    ValueError: metadata key '\x00tenant' must be 1-64 ASCII letters, digits, '_', '.', ':', '-' (not starting with '.', ':', '-')
+    """
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise ValueError(f"metadata key {key!r:.80} must be 1-{MAX_METADATA_KEY_CHARS} ASCII letters, digits, "
+                         "'_', '.', ':', '-' (not starting with '.', ':', '-')")
+    return key
+
+
+def check_metadata_value(key: str, value: str) -> str:
+    """A metadata value: at most 1,000 characters, no control characters but tab and newline."""
+    if len(value) > MAX_METADATA_VALUE_CHARS:
+        raise ValueError(f"metadata {key!r} has a value of {len(value)} characters; at most "
+                         f"{MAX_METADATA_VALUE_CHARS} are allowed")
+    if _CONTROL_RE.search(value):
+        raise ValueError(f"metadata {key!r} has a control character in its value")
+    return value
 
 
 @dataclass
@@ -87,15 +127,13 @@ def parse_document(obj: Any) -> Document:
     if not text.strip():
         raise ValueError(f"document {doc_id!r}: 'text' is empty")
     tenant = obj.get("tenant") or ""
-    if not isinstance(tenant, str) or not _TENANT_RE.match(tenant):
-        raise ValueError(
-            f"document {doc_id!r}: 'tenant' must be up to 64 letters, digits, '_', '.', '-', got {tenant!r}"
-        )
     raw_meta = obj.get("metadata") or {}
     if not isinstance(raw_meta, dict):
         raise ValueError(f"document {doc_id!r}: 'metadata' must be an object")
     try:
-        metadata = {str(k): metadata_value(str(k), v) for k, v in raw_meta.items()}
+        check_tenant(tenant)
+        metadata = {check_metadata_key(str(k)): check_metadata_value(str(k), metadata_value(str(k), v))
+                    for k, v in raw_meta.items()}
     except ValueError as e:
         raise ValueError(f"document {doc_id!r}: {e}") from None
     return Document(id=doc_id, text=text, title=title, tenant=tenant, metadata=metadata)

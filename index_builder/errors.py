@@ -39,6 +39,14 @@ class ConfigError(HybridRagError, ValueError):
     """A configuration file or override is invalid."""
 
 
+class Unauthenticated(HybridRagError):
+    """No API key, or an unknown one (UNAUTHENTICATED)."""
+
+
+class PermissionDenied(HybridRagError):
+    """The key may not read or write that tenant's data, or that id (PERMISSION_DENIED)."""
+
+
 class IndexNotReady(HybridRagError):
     """No index is loaded yet (the service answers UNAVAILABLE)."""
 

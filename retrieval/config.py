@@ -130,6 +130,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     max_in_flight: int = 64
+    # Writes (Upsert, Delete, Rebuild) have their own budget: each write encodes its documents (model CPU), so
+    # a flood of them would otherwise take the cores from queries; past it writes get RESOURCE_EXHAUSTED.
+    max_writes_in_flight: int = 2
     grace_s: float = 10.0
     tls_cert: str = ""
     tls_key: str = ""
@@ -142,8 +145,9 @@ class ServerConfig:
     switch_interval_ms: float = 0.5
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535 or self.max_in_flight < 1 or self.grace_s < 0:
-            raise ValueError("server needs 0 <= port <= 65535, max_in_flight >= 1 and grace_s >= 0")
+        if not 0 <= self.port <= 65535 or self.max_in_flight < 1 or self.max_writes_in_flight < 1 or self.grace_s < 0:
+            raise ValueError("server needs 0 <= port <= 65535, max_in_flight >= 1, max_writes_in_flight >= 1 and "
+                             "grace_s >= 0")
         if not 0 <= self.switch_interval_ms <= 100:
             raise ValueError(f"server.switch_interval_ms must be in [0, 100], got {self.switch_interval_ms}")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -164,12 +168,15 @@ class LiveConfig:
     # Nice value of the rebuild thread (Linux: per thread): the scheduler gives the rebuild the CPU the queries
     # leave over, so serving latency stays steady (bench/live.py measures it). 0 = normal priority.
     rebuild_nice: int = 19
+    # The write buffer's bound between rebuilds (live documents): an upsert that would pass it is refused at once
+    # (RESOURCE_EXHAUSTED, "write buffer full") and starts the rebuild. MAXBUF_COMMENT
+    max_buffered_docs: int = 20_000
 
     def __post_init__(self) -> None:
         if self.rebuild_after_writes < 0 or self.rebuild_after_s < 0 or self.check_interval_s <= 0 \
-                or self.rebuild_threads < 0 or not 0 <= self.rebuild_nice <= 19:
+                or self.rebuild_threads < 0 or not 0 <= self.rebuild_nice <= 19 or self.max_buffered_docs < 1:
             raise ValueError("live needs rebuild_after_writes >= 0, rebuild_after_s >= 0, check_interval_s > 0, "
-                             "rebuild_threads >= 0, 0 <= rebuild_nice <= 19")
+                             "rebuild_threads >= 0, 0 <= rebuild_nice <= 19, max_buffered_docs >= 1")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 from index_builder.errors import ConfigError, DeadlineExceeded, InvalidRequest
 from retrieval.llm_backend import BackendConfig, ChatBackend, GenerationConfig, route
 from retrieval.llm_server import EmbeddedLLMServer, llama_server_available
-from retrieval.pipeline import Pipeline, SearchResult
+from retrieval.pipeline import NO_FILTER, Pipeline, SearchResult
 from retrieval.prompt import ContextPassage, HeuristicCounter, TokenCounter, build_prompt, make_counter
 from retrieval.semantic_cache import SemanticCache
 
@@ -156,8 +156,10 @@ class Generator:
                       passages_in_prompt=prompt.passages_used, context_truncated=prompt.truncated,
                       finish_reason=(last.finish_reason if last else None) or "")
         if scope is not None and text.strip():
-            self.cache.put(scope, result.generation, result.query_vec, question, _CachedAnswer(result, text, stats),
-                           result.doc_ids(), since=epoch)
+            cached = result.detached()  # not the view: a cached answer must not pin the write buffer it was read from
+            self.cache.put(scope, result.generation, result.query_vec, question, _CachedAnswer(cached, text, stats),
+                           result.doc_ids(), since=epoch,
+                           nbytes=cached.approx_bytes() + len(text) + search.get("filter", NO_FILTER).nbytes)
         yield stats
 
     def _estimate_prompt_tokens(self, messages: list[dict[str, str]]) -> int:

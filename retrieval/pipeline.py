@@ -93,6 +93,38 @@ class SearchResult:
     def doc_ids(self) -> list[str]:
         return [self.index.documents[d].id for d in self.hits.doc.tolist()]
 
+    def detached(self) -> SearchResult:
+        """This result with ``index`` replaced by a :class:`ResultView` of just its documents and passages: what
+        the semantic cache keeps. A cached result holding the live view itself pinned that view's whole write
+        buffer for the entry's lifetime (tens of MB per entry under a write load)."""
+        return dataclasses.replace(self, index=ResultView(self.index, self.hits))
+
+    def approx_bytes(self) -> int:
+        """Roughly what this result holds in memory (arrays, vector, and passages when detached), for byte-bounded
+        caches."""
+        n = self.hits.doc.nbytes * 3 + sum(h.doc.nbytes * 3 for h in self.stages.values())
+        n += 0 if self.query_vec is None else self.query_vec.nbytes
+        if isinstance(self.index, ResultView):
+            n += self.index.nbytes
+        return n + 512
+
+
+class ResultView:
+    """The part of an index generation (or live view) that one result needs: the documents and passages of its
+    hits, keyed by the same document and chunk numbers, so code reading ``result.index.documents[d]`` and
+    ``result.index.passage(c)`` works unchanged."""
+
+    def __init__(self, index: Any, hits: Hits) -> None:
+        docs, chunks = hits.doc.tolist(), hits.chunk.tolist()
+        self.documents = {d: index.documents[d] for d in docs}
+        self._passages = {c: index.passage(c) for c in chunks}
+        self.generation = index.generation
+        self.nbytes = sum(len(p) for p in self._passages.values()) + sum(
+            len(d.title) + 64 * (1 + len(d.metadata)) for d in self.documents.values())
+
+    def passage(self, chunk: int) -> str:
+        return self._passages[chunk]
+
 
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
@@ -201,10 +233,13 @@ class Pipeline:
         for name, value in (("li_top_k", li_top_k), ("ce_top_k", ce_top_k)):
             if not 1 <= value <= rr.max_top_k:
                 raise InvalidRequest(f"{name} must be in [1, {rr.max_top_k}], got {value}")
+        if len(stages) > len(STAGES) or len(set(stages)) != len(stages):
+            raise InvalidRequest(f"stages must name each stage at most once ({len(stages)} given); allowed: "
+                                 f"{list(STAGES)}")
         unknown = [s for s in stages if s not in STAGES]
         if unknown or not any(s in FIRST_STAGES for s in stages):
-            raise InvalidRequest(f"unknown stages or no first stage in {list(stages)}; allowed: {list(STAGES)} "
-                                 f"with at least one of {list(FIRST_STAGES)}")
+            raise InvalidRequest(f"unknown stages or no first stage in {str(list(stages))[:200]}; allowed: "
+                                 f"{list(STAGES)} with at least one of {list(FIRST_STAGES)}")
 
     def default_stages(self) -> tuple[str, ...]:
         r = self.config.rerank
@@ -402,7 +437,9 @@ class Pipeline:
         result.hits = current.top(k)
         result.timings_ms["total"] = _ms(t_total)
         if scope is not None and self.cache is not None and not result.degraded:
-            self.cache.put(scope, index.generation, query_vec, query, result, result.doc_ids(), since=epoch)
+            keep = result.detached()
+            self.cache.put(scope, index.generation, query_vec, query, keep, result.doc_ids(), since=epoch,
+                           nbytes=keep.approx_bytes() + filter.nbytes)
         return result
 
     def fuse(self, bm25: Hits, dense: Hits) -> Hits:

@@ -49,10 +49,13 @@ class SemanticCacheConfig:
     guard: bool = True  # also require the same numbers, negations and direction words (same_meaning_markers)
     ttl_s: float = 600.0
     max_entries: int = 10_000
+    # All entries together, as the callers estimate them (result arrays, passages, the answer, the query and its
+    # vector, the scope's filter): a bound in bytes, because entries differ a lot in size.
+    max_bytes: int = 256 * 2**20
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.threshold <= 1.0 or self.ttl_s <= 0 or self.max_entries < 1:
-            raise ValueError("semantic cache needs 0 < threshold <= 1, ttl_s > 0 and max_entries >= 1")
+        if not 0.0 < self.threshold <= 1.0 or self.ttl_s <= 0 or self.max_entries < 1 or self.max_bytes < 1:
+            raise ValueError("semantic cache needs 0 < threshold <= 1, ttl_s > 0, max_entries >= 1 and max_bytes >= 1")
 
 
 _NEGATIONS = frozenset({"not", "no", "never", "none", "neither", "nor", "cannot", "without", "lack", "absent",
@@ -106,6 +109,7 @@ class _Entry:
     value: Any
     doc_ids: frozenset[str]
     expires: float
+    nbytes: int = 0
 
 
 @dataclass
@@ -134,6 +138,7 @@ class SemanticCache:
         self._doc_epoch: dict[str, int] = {}  # document id -> epoch of its last invalidation
         self._floor = 0  # puts from before this epoch are refused (``_doc_epoch`` was cleared then)
         self._generation: int | None = None  # the newest generation seen
+        self._bytes = 0  # the entries' nbytes, summed
         self.counts = {"hits": 0, "misses": 0, "evictions": 0, "expired": 0, "invalidated": 0, "stale_generation": 0,
                        "refused_stale": 0, "guarded": 0}
 
@@ -143,7 +148,7 @@ class SemanticCache:
     def stats(self) -> dict[str, float]:
         with self._lock:
             looked = self.counts["hits"] + self.counts["misses"]
-            return {**self.counts, "entries": len(self._entries),
+            return {**self.counts, "entries": len(self._entries), "bytes": self._bytes,
                     "hit_ratio": self.counts["hits"] / looked if looked else 0.0}
 
     # ------------------------------------------------------------------ lookups and inserts
@@ -180,9 +185,10 @@ class SemanticCache:
         return self._epoch
 
     def put(self, scope: Hashable, generation: int, vector: np.ndarray, text: str, value: Any, doc_ids: Iterable[str],
-            since: int | None = None) -> bool:
+            since: int | None = None, nbytes: int = 0) -> bool:
         """Cache ``value`` (the result of the query with embedding ``vector``) for ``generation``; False when a
-        write touched one of ``doc_ids`` after epoch ``since`` (the value may be stale) and nothing was cached."""
+        write touched one of ``doc_ids`` after epoch ``since`` (the value may be stale) and nothing was cached.
+        ``nbytes``: the caller's estimate of what ``value`` and ``scope`` hold (counted against ``max_bytes``)."""
         v = np.asarray(vector, dtype=np.float32).reshape(-1)
         doc_ids = frozenset(doc_ids)
         with self._lock:
@@ -193,14 +199,18 @@ class SemanticCache:
             s = self._scopes.setdefault(scope, _Scope())
             self._expire(s, generation)
             key = next(self._ids)
+            size = int(nbytes) + v.nbytes + len(text) + 64 * (1 + len(doc_ids)) + 256
+            if size > self.config.max_bytes:
+                return False
             entry = _Entry(key, scope, generation, v.copy(), text, value, doc_ids,
-                           self._clock() + self.config.ttl_s)
+                           self._clock() + self.config.ttl_s, size)
             self._entries[key] = entry
+            self._bytes += size
             s.keys.append(key)
             s.matrix = None
             for d in entry.doc_ids:
                 self._by_doc.setdefault(d, set()).add(key)
-            while len(self._entries) > self.config.max_entries:
+            while len(self._entries) > self.config.max_entries or self._bytes > self.config.max_bytes:
                 self._remove(next(iter(self._entries)))
                 self.counts["evictions"] += 1
             return True
@@ -226,6 +236,7 @@ class SemanticCache:
             self._entries.clear()
             self._scopes.clear()
             self._by_doc.clear()
+            self._bytes = 0
 
     # ------------------------------------------------------------------ internals (lock held)
 
@@ -253,6 +264,7 @@ class SemanticCache:
         entry = self._entries.pop(key, None)
         if entry is None:
             return
+        self._bytes -= entry.nbytes
         s = self._scopes[entry.scope]
         s.keys.remove(key)
         s.matrix = None

@@ -32,6 +32,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Tracer
 
+from index_builder.corpus import MAX_ID_CHARS, check_tenant
 from index_builder.errors import (
     BackendError,
     BackendTimeout,
@@ -42,6 +43,8 @@ from index_builder.errors import (
     IndexNotReady,
     InvalidRequest,
     Overloaded,
+    PermissionDenied,
+    Unauthenticated,
 )
 from retrieval.api import retriever_pb2 as pb
 from retrieval.api import retriever_pb2_grpc as pb_grpc
@@ -51,7 +54,7 @@ from retrieval.generate import GeneratorSetup, Passages, Stats, Token, open_gene
 from retrieval.live import LiveIndex
 from retrieval.metrics import MetricsConfig, ServiceMetrics
 from retrieval.pipeline import Pipeline, SearchResult
-from retrieval.store import DocumentStore
+from retrieval.store import MAX_BATCH, MAX_BATCH_BYTES, DocumentStore
 from retrieval.tracing import NO_TRACER, Tracing, make_tracing, set_error
 
 log = logging.getLogger(__name__)
@@ -59,14 +62,6 @@ log = logging.getLogger(__name__)
 SERVICE = pb.DESCRIPTOR.services_by_name["Retriever"].full_name
 API_KEY_HEADER = "x-api-key"
 ALL_TENANTS = "*"
-
-
-class Unauthenticated(HybridRagError):
-    """No API key, or an unknown one (UNAUTHENTICATED)."""
-
-
-class PermissionDenied(HybridRagError):
-    """The key may not read or write that tenant's data (PERMISSION_DENIED)."""
 
 
 _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
@@ -137,6 +132,7 @@ class ServiceState:
     pipeline: Pipeline | None = None
     api_keys: dict[str, frozenset[str]] = field(default_factory=dict)
     in_flight: int = 0
+    writes_in_flight: int = 0
     live: LiveIndex | None = None
     generation: GeneratorSetup | None = None
     generation_error: str = "generation is not set up on this server"
@@ -188,7 +184,65 @@ def to_response(pipeline: Pipeline, result: SearchResult, request_id: str) -> pb
         cache_hit=result.cache_hit, cache_similarity=result.cache_similarity)
 
 
+MAX_DETAILS_BYTES = 1000
+
+
+def _details(message: str) -> str:
+    """The status message, cut to 1,000 bytes of UTF-8: gRPC percent-encodes non-ASCII details (up to 3x) and a
+    client refuses trailing metadata over 8-16 KiB, so a message quoting a huge bad value would otherwise arrive as
+    RESOURCE_EXHAUSTED ("metadata size exceeds hard limit") instead of its own code.
+
+    >>> len(_details("x" * 5000).encode()), _details("ok")
+    (1003, 'ok')
+    """
+    raw = message.encode("utf-8")
+    if len(raw) <= MAX_DETAILS_BYTES:
+        return message
+    return raw[:MAX_DETAILS_BYTES].decode("utf-8", errors="ignore") + "..."
+
+
+class Undecodable:
+    """Stands in for a request whose bytes do not parse (the handler answers INVALID_ARGUMENT with one short log
+    line; grpc's own path logs a traceback and answers UNKNOWN)."""
+
+    def __init__(self, message_type: str, size: int, error: Exception) -> None:
+        self.message_type, self.size, self.error = message_type, size, error
+
+
+def _lenient(message_cls):
+    def deserialize(data: bytes):
+        try:
+            return message_cls.FromString(data)
+        except Exception as e:  # noqa: BLE001  (DecodeError, invalid UTF-8 in a string field, ...)
+            return Undecodable(message_cls.DESCRIPTOR.name, len(data), e)
+    return deserialize
+
+
+def add_service(servicer: RetrieverService, server: grpc.aio.Server) -> None:
+    """Register the Retriever methods with deserializers that never raise (see :class:`Undecodable`); otherwise
+    what ``retriever_pb2_grpc.add_RetrieverServicer_to_server`` does."""
+    handlers = {}
+    for name, method in pb.DESCRIPTOR.services_by_name["Retriever"].methods_by_name.items():
+        request_cls = getattr(pb, method.input_type.name)
+        response_cls = getattr(pb, method.output_type.name)
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[name] = make(getattr(servicer, name), request_deserializer=_lenient(request_cls),
+                              response_serializer=response_cls.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+
+def _decoded(request, request_id: str):
+    if isinstance(request, Undecodable):
+        log.info("request %s: undecodable %s (%d bytes): %s", request_id, request.message_type, request.size,
+                 str(request.error)[:120], extra={"request_id": request_id})
+        raise InvalidRequest(f"the request is not a valid {request.message_type} message ({request.size} bytes)")
+    return request
+
+
 class RetrieverService(pb_grpc.RetrieverServicer):
+    """Thin handlers: each checks its request and calls into the pipeline / live index; errors become status
+    codes in one place (:meth:`_fail`, :func:`status_for`)."""
+
     def __init__(self, state: ServiceState, config: ServerConfig) -> None:
         self.state = state
         self.config = config
@@ -213,6 +267,10 @@ class RetrieverService(pb_grpc.RetrieverServicer):
 
     def _authorize(self, context: grpc.aio.ServicerContext, tenant: str) -> None:
         tenants = self._authenticate(context)
+        try:
+            check_tenant(tenant)
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
         if tenants is None or ALL_TENANTS in tenants:
             return
         if not tenant:
@@ -230,7 +288,7 @@ class RetrieverService(pb_grpc.RetrieverServicer):
         if code == grpc.StatusCode.INTERNAL:
             log.error("request %s failed", request_id, exc_info=exc, extra={"request_id": request_id})
             await context.abort(code, f"internal error (request id {request_id})")
-        await context.abort(code, str(exc))
+        await context.abort(code, _details(str(exc)))
 
     @contextlib.contextmanager
     def _rpc(self, method: str, request_id: str, **attributes: object):
@@ -255,22 +313,41 @@ class RetrieverService(pb_grpc.RetrieverServicer):
                 span.set_attribute("rpc.grpc.status_code", getattr(grpc.StatusCode, code).value[0])
                 self.state.metrics.observe_rpc(method, code, time.perf_counter() - t0)
 
-    # ------------------------------------------------------------------ RPCs
+    async def _unary(self, method: str, request, context: grpc.aio.ServicerContext, body):
+        """One wrapper for every unary handler: request id, decoding check, span and metrics, cancellation log,
+        and the one error-to-status mapping. ``body(request, request_id)`` does the call's own work."""
+        request_id = uuid.uuid4().hex[:16]
+        context.set_trailing_metadata((("x-request-id", request_id),))
+        t0 = time.perf_counter()
+        try:
+            with self._rpc(method, request_id):
+                return await body(_decoded(request, request_id), request_id)
+        except asyncio.CancelledError:
+            log.info("%s %s cancelled by the client after %.1f ms", method, request_id,
+                     (time.perf_counter() - t0) * 1000, extra={"request_id": request_id})
+            raise
+        except Exception as e:  # noqa: BLE001  (mapped to a status code in one place)
+            await self._fail(context, e, request_id)
+            raise  # unreachable: abort raises
 
     @contextlib.contextmanager
-    def _admitted(self, context: grpc.aio.ServicerContext):
+    def _admitted(self, context: grpc.aio.ServicerContext, kind: str = "read"):
         """Admission control and an in-flight slot for the call; yields its deadline (absolute monotonic seconds,
-        or None)."""
-        if self.state.in_flight >= self.config.max_in_flight:
-            raise Overloaded(f"overloaded: {self.state.in_flight} requests in flight (max {self.config.max_in_flight})")
+        or None). Reads and writes have their own budgets (``max_in_flight``, ``max_writes_in_flight``), so a
+        write flood cannot starve reads, nor the other way round."""
+        attr, limit = ("in_flight", self.config.max_in_flight) if kind == "read" else (
+            "writes_in_flight", self.config.max_writes_in_flight)
+        now = getattr(self.state, attr)
+        if now >= limit:
+            raise Overloaded(f"overloaded: {now} {'requests' if kind == 'read' else 'writes'} in flight (max {limit})")
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             raise DeadlineExceeded("the call's deadline passed before it started")
-        self.state.in_flight += 1
+        setattr(self.state, attr, now + 1)
         try:
             yield None if remaining is None else time.monotonic() + remaining
         finally:
-            self.state.in_flight -= 1
+            setattr(self.state, attr, getattr(self.state, attr) - 1)
 
     def _search_options(self, request: pb.RetrieveRequest, pipeline: Pipeline) -> dict:
         """The pipeline options of a RetrieveRequest, checked (ranges the pipeline checks itself are left to it)."""
@@ -288,30 +365,21 @@ class RetrieverService(pb_grpc.RetrieverServicer):
                 "stages": list(opts.stages) or None, "li_top_k": opts.li_top_k or None,
                 "ce_top_k": opts.ce_top_k or None, "use_cache": not request.bypass_cache}
 
+    # ------------------------------------------------------------------ RPCs
+
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
-        request_id = uuid.uuid4().hex[:16]
-        context.set_trailing_metadata((("x-request-id", request_id),))
-        t0 = time.perf_counter()
-        try:
-            with self._rpc("Retrieve", request_id, tenant=request.tenant, top_k=request.top_k):
-                with self._admitted(context) as deadline:
-                    self._authorize(context, request.tenant)
-                    pipeline = self._pipeline()
-                    options = self._search_options(request, pipeline)
-                    result = await pipeline.search_async(request.query, request.top_k or 10, deadline=deadline,
-                                                         **options)
-                self.state.metrics.observe_search(result)
-                response = to_response(pipeline, result, request_id)
+        async def body(request: pb.RetrieveRequest, request_id: str) -> pb.RetrieveResponse:
+            with self._admitted(context) as deadline:
+                self._authorize(context, request.tenant)
+                pipeline = self._pipeline()
+                options = self._search_options(request, pipeline)
+                result = await pipeline.search_async(request.query, request.top_k or 10, deadline=deadline, **options)
+            self.state.metrics.observe_search(result)
+            response = to_response(pipeline, result, request_id)
             log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms,
                       extra={"request_id": request_id, "timings_ms": result.timings_ms})
             return response
-        except asyncio.CancelledError:
-            log.info("request %s cancelled by the client after %.1f ms", request_id, (time.perf_counter() - t0) * 1000,
-                     extra={"request_id": request_id})
-            raise
-        except Exception as e:  # noqa: BLE001  (mapped to a status code in one place)
-            await self._fail(context, e, request_id)
-            raise  # unreachable: abort raises
+        return await self._unary("Retrieve", request, context, body)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         """Stream: the passages, the answer's tokens, the stats. A failure after the passages ends the stream with
@@ -320,7 +388,8 @@ class RetrieverService(pb_grpc.RetrieverServicer):
         context.set_trailing_metadata((("x-request-id", request_id),))
         t0 = time.perf_counter()
         try:
-            with self._rpc("Generate", request_id, tenant=request.retrieve.tenant) as rpc_span:
+            with self._rpc("Generate", request_id) as rpc_span:
+                request = _decoded(request, request_id)
                 with self._admitted(context) as deadline:
                     r = request.retrieve
                     self._authorize(context, r.tenant)
@@ -391,26 +460,24 @@ class RetrieverService(pb_grpc.RetrieverServicer):
                                                   event.tokens_out)
 
     async def GetIndexStatus(self, request: pb.GetIndexStatusRequest, context: grpc.aio.ServicerContext) -> pb.IndexStatus:
-        try:
-            with self._rpc("GetIndexStatus", "status"):
-                self._authenticate(context)  # status is not tenant data: any valid key may read it
-                pipeline = self._pipeline()
-        except Exception as e:  # noqa: BLE001
-            await self._fail(context, e, "status")
-            raise
-        index = pipeline.index
-        models = {"embedder": str(pipeline.embedder.model_id),
-                  "token_encoder": str(pipeline.token_encoder.describe().get("name")),
-                  "cross_encoder": pipeline.cross_encoder.files.name if pipeline.cross_encoder else ""}
-        return pb.IndexStatus(
-            generation=index.generation, documents=len(index.documents), chunks=len(index.chunk_doc),
-            buffered_writes=int(getattr(index, "buffered", 0)),
-            last_rebuild=str(index.snapshot.manifest.get("created_at", "")), models=models,
-            dense_available=index.dense is not None, dense_error=index.dense_error or "",
-            late_interaction_available=pipeline.late_interaction_unavailable(index) is None,
-            snapshot_path=str(index.snapshot.path),
-            cache={k: float(v) for k, v in (pipeline.cache.stats() if pipeline.cache else {}).items()},
-            generation_backend=self.state.generation.describe() if self.state.generation else self.state.generation_error)
+        async def body(request: pb.GetIndexStatusRequest, request_id: str) -> pb.IndexStatus:
+            self._authenticate(context)  # status is not tenant data: any valid key may read it
+            pipeline = self._pipeline()
+            index = pipeline.index
+            models = {"embedder": str(pipeline.embedder.model_id),
+                      "token_encoder": str(pipeline.token_encoder.describe().get("name")),
+                      "cross_encoder": pipeline.cross_encoder.files.name if pipeline.cross_encoder else ""}
+            return pb.IndexStatus(
+                generation=index.generation, documents=len(index.documents), chunks=len(index.chunk_doc),
+                buffered_writes=int(getattr(index, "buffered", 0)),
+                last_rebuild=str(index.snapshot.manifest.get("created_at", "")), models=models,
+                dense_available=index.dense is not None, dense_error=index.dense_error or "",
+                late_interaction_available=pipeline.late_interaction_unavailable(index) is None,
+                snapshot_path=str(index.snapshot.path),
+                cache={k: float(v) for k, v in (pipeline.cache.stats() if pipeline.cache else {}).items()},
+                generation_backend=self.state.generation.describe() if self.state.generation else
+                self.state.generation_error)
+        return await self._unary("GetIndexStatus", request, context, body)
 
     def _live(self) -> LiveIndex:
         self._pipeline()
@@ -418,56 +485,62 @@ class RetrieverService(pb_grpc.RetrieverServicer):
             raise NotImplementedError("this server has no document store: start it with --store PATH to accept writes")
         return self.state.live
 
+    async def _write(self, context: grpc.aio.ServicerContext, fn, *args, **kwargs):
+        """A write under the write budget, with the caller's deadline passed down to the durable commit (a write
+        whose deadline passed before the commit is not applied)."""
+        with self._admitted(context, "write") as deadline:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, lambda: fn(*args, deadline=deadline, **kwargs))
+
     async def Upsert(self, request: pb.UpsertRequest, context: grpc.aio.ServicerContext) -> pb.UpsertResponse:
-        request_id = uuid.uuid4().hex[:16]
-        try:
-            with self._rpc("Upsert", request_id):
-                live = self._live()
-                for i, d in enumerate(request.documents):
-                    self._authorize(context, d.tenant)
-                    if not d.id:
-                        raise InvalidRequest(f"document {i}: 'id' must be a non-empty string")
-                docs = [{"_id": d.id, "title": d.title, "text": d.text, "tenant": d.tenant, "metadata": dict(d.metadata)}
-                        for d in request.documents]
-                result = await asyncio.get_running_loop().run_in_executor(None, live.upsert, docs)
-                log.info("request %s: upserted %d documents (seq %d)", request_id, result.count, result.seq,
-                         extra={"request_id": request_id})
-                return pb.UpsertResponse(sequence=result.seq, upserted=result.count)
-        except Exception as e:  # noqa: BLE001
-            await self._fail(context, e, request_id)
-            raise
+        async def body(request: pb.UpsertRequest, request_id: str) -> pb.UpsertResponse:
+            self._authenticate(context)  # UNAUTHENTICATED before anything about the request
+            live = self._live()
+            n = len(request.documents)
+            if n > MAX_BATCH:  # before any work: nothing is chunked or encoded for a refused batch
+                raise InvalidRequest(f"{n} documents in one upsert; at most {MAX_BATCH} are allowed")
+            if (size := request.ByteSize()) > MAX_BATCH_BYTES:
+                raise InvalidRequest(f"the upsert is {size} bytes; at most {MAX_BATCH_BYTES} are allowed")
+            for i, d in enumerate(request.documents):
+                self._authorize(context, d.tenant)
+                if not d.id:
+                    raise InvalidRequest(f"document {i}: 'id' must be a non-empty string")
+            docs = [{"_id": d.id, "title": d.title, "text": d.text, "tenant": d.tenant, "metadata": dict(d.metadata)}
+                    for d in request.documents]
+            result = await self._write(context, live.upsert, docs)
+            log.info("request %s: upserted %d documents (seq %d)", request_id, result.count, result.seq,
+                     extra={"request_id": request_id})
+            return pb.UpsertResponse(sequence=result.seq, upserted=result.count)
+        return await self._unary("Upsert", request, context, body)
 
     async def Rebuild(self, request: pb.RebuildRequest, context: grpc.aio.ServicerContext) -> pb.RebuildResponse:
-        request_id = uuid.uuid4().hex[:16]
-        try:
-            with self._rpc("Rebuild", request_id):
-                live = self._live()
-                if self.state.api_keys:
-                    tenants = self._authenticate(context)
-                    if tenants is not None and ALL_TENANTS not in tenants:
-                        raise PermissionDenied("rebuilding the index needs a key for all tenants ('*')")
-                t = time.perf_counter()
+        async def body(request: pb.RebuildRequest, request_id: str) -> pb.RebuildResponse:
+            tenants = self._authenticate(context)
+            if tenants is not None and ALL_TENANTS not in tenants:
+                raise PermissionDenied("rebuilding the index needs a key for all tenants ('*')")
+            live = self._live()
+            t = time.perf_counter()
+            with self._admitted(context, "write"):
                 await asyncio.get_running_loop().run_in_executor(None, live.rebuild)
-                view = live.view
-                return pb.RebuildResponse(generation=view.generation, covered_sequence=int(view.snapshot.manifest["covered_seq"]),
-                                          seconds=time.perf_counter() - t, still_buffered=view.buffered)
-        except Exception as e:  # noqa: BLE001
-            await self._fail(context, e, request_id)
-            raise
+            view = live.view
+            return pb.RebuildResponse(generation=view.generation,
+                                      covered_sequence=int(view.snapshot.manifest.get("covered_seq", 0)),
+                                      seconds=time.perf_counter() - t, still_buffered=view.buffered)
+        return await self._unary("Rebuild", request, context, body)
 
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
-        request_id = uuid.uuid4().hex[:16]
-        try:
-            with self._rpc("Delete", request_id):
-                live = self._live()
-                if self.state.api_keys:
-                    self._authorize(context, request.tenant)
-                result = await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: live.delete(list(request.ids), tenant=request.tenant or None))
-                return pb.DeleteResponse(sequence=result.seq, deleted=result.count)
-        except Exception as e:  # noqa: BLE001
-            await self._fail(context, e, request_id)
-            raise
+        async def body(request: pb.DeleteRequest, request_id: str) -> pb.DeleteResponse:
+            self._authorize(context, request.tenant)
+            live = self._live()
+            ids = list(request.ids)
+            if len(ids) > MAX_BATCH:
+                raise InvalidRequest(f"{len(ids)} ids in one delete; at most {MAX_BATCH} are allowed")
+            for i, doc_id in enumerate(ids):
+                if len(doc_id) > MAX_ID_CHARS:
+                    raise InvalidRequest(f"id {i} is {len(doc_id)} characters; at most {MAX_ID_CHARS} are allowed")
+            result = await self._write(context, live.delete, ids, tenant=request.tenant or None)
+            return pb.DeleteResponse(sequence=result.seq, deleted=result.count)
+        return await self._unary("Delete", request, context, body)
 
 
 @dataclass
@@ -509,7 +582,7 @@ async def create_server(config: ServerConfig, pipeline: Pipeline | None = None,
                                       ("grpc.so_reuseport", 0)])
     state = ServiceState(pipeline=pipeline, api_keys=dict(api_keys or load_api_keys(config.api_keys_file)),
                          generation=generation, tracer=tracer)
-    pb_grpc.add_RetrieverServicer_to_server(RetrieverService(state, config), server)
+    add_service(RetrieverService(state, config), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
