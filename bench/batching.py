@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     from index_builder.models import CrossEncoder, Embedder
     from retrieval.config import load_config
     from retrieval.evaluate import load_qrels, load_queries
-    from retrieval.index import SearchIndex
-    from retrieval.pipeline import Pipeline
+    from retrieval.search.index import SearchIndex
+    from retrieval.search.pipeline import Pipeline
 
     config = load_config(args.config)
     embedder = Embedder(config.embedder)

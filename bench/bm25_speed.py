@@ -22,8 +22,8 @@ from index_builder.chunking import ChunkConfig, Chunker, chunk_passage
 from index_builder.corpus import read_corpus
 from index_builder.models import bundled_minilm
 from index_builder.types import Hits
-from retrieval.aggregate import doc_starts, top_docs_from_chunk_scores
 from retrieval.evaluate import evaluate, load_qrels, load_queries
+from retrieval.search.aggregate import doc_starts, top_docs_from_chunk_scores
 
 
 def main(argv: list[str] | None = None) -> int:

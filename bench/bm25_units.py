@@ -16,8 +16,8 @@ from index_builder.analysis import Analyzer, AnalyzerConfig
 from index_builder.chunking import CHUNK_DTYPE, ChunkConfig, Chunker, chunk_passage
 from index_builder.corpus import read_corpus
 from index_builder.models import bundled_minilm
-from retrieval.aggregate import doc_starts, top_docs_from_chunk_scores
 from retrieval.evaluate import evaluate, load_qrels, load_queries
+from retrieval.search.aggregate import doc_starts, top_docs_from_chunk_scores
 
 
 def main(argv: list[str] | None = None) -> int:

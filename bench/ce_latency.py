@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     from rerank.cross_encoder import rerank_by_scores
     from retrieval.config import load_config
     from retrieval.evaluate import evaluate, hits_to_run, load_qrels, load_queries
-    from retrieval.index import SearchIndex
-    from retrieval.pipeline import Pipeline, reorder
+    from retrieval.search.index import SearchIndex
+    from retrieval.search.pipeline import Pipeline, reorder
 
     config = load_config(environ={})
     embedder = Embedder(config.embedder)

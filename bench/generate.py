@@ -105,7 +105,7 @@ def _retrieve_load(client, queries: list[str], seconds: float) -> list[float]:
 
 
 def _with_generate_load(target: str, questions: list[str], streams: int, top_k: int, max_tokens: int, fn):
-    from retrieval.client import ClientOptions, RetrieverClient
+    from retrieval.serving.client import ClientOptions, RetrieverClient
 
     stop = threading.Event()
     done = [0]
@@ -223,12 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
 
-    from retrieval.client import ClientOptions, RetrieverClient
     from retrieval.config import ServerConfig, load_config
     from retrieval.evaluate import load_qrels, load_queries
-    from retrieval.generate import open_generator
-    from retrieval.pipeline import Pipeline
-    from retrieval.server import BackgroundServer
+    from retrieval.generation.generator import open_generator
+    from retrieval.search.pipeline import Pipeline
+    from retrieval.serving.client import ClientOptions, RetrieverClient
+    from retrieval.serving.grpc_service import BackgroundServer
 
     config = load_config(args.config)
     queries = load_queries(args.dataset)

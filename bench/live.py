@@ -76,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     from index_builder.types import Document
     from retrieval.config import load_config
     from retrieval.evaluate import load_queries
-    from retrieval.index import SearchIndex
-    from retrieval.live import LiveIndex
-    from retrieval.pipeline import Pipeline
-    from retrieval.store import DocumentStore
+    from retrieval.live.live_index import LiveIndex
+    from retrieval.live.store import DocumentStore
+    from retrieval.search.index import SearchIndex
+    from retrieval.search.pipeline import Pipeline
 
     config = load_config(args.config)
     docs, _ = read_corpus(args.corpus)

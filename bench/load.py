@@ -36,7 +36,7 @@ Usage::
         [--json results/bench.json] [--plots results/]
     hybridrag bench load --target 127.0.0.1:50051 --dataset ../shared/data/beir/scifact --no-baseline
 
-``--index`` starts ``python -m retrieval.cli serve`` as a subprocess (so client and server do not share a GIL; the
+``--index`` starts ``python -m hybridrag serve`` as a subprocess (so client and server do not share a GIL; the
 embedded LLM server is switched off in it and ``/metrics`` takes a free port) on a free port, waits for health
 SERVING and stops it at the end (SIGTERM). With ``--index`` the baseline runs before the server starts.
 ``HYBRIDRAG_API_KEY`` is sent as the API key when set.
@@ -96,9 +96,9 @@ def free_port() -> int:
 
 
 def spawn_server(index: Path, config: str | None, threads: int, log_dir: Path) -> SpawnedServer:
-    """``python -m retrieval.cli serve`` on a free loopback port, its output in a log file (a pipe could fill)."""
+    """``python -m hybridrag serve`` on a free loopback port, its output in a log file (a pipe could fill)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "retrieval.cli", "serve", "--index", str(index), "--port", str(port),
+    cmd = [sys.executable, "-m", "hybridrag", "serve", "--index", str(index), "--port", str(port),
            "--host", "127.0.0.1"]
     if config:
         cmd += ["--config", str(Path(config).resolve())]

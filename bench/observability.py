@@ -2,7 +2,7 @@
 
 "On" is what a server with ``[tracing] exporter = "otlp"`` and ``/metrics`` does per request, minus the network: the
 OpenTelemetry SDK records the request's spans (``hybridrag.search`` and one per stage) into a batch span processor
-whose exporter counts and drops them, and :class:`retrieval.metrics.ServiceMetrics` observes the result (stage
+whose exporter counts and drops them, and :class:`retrieval.serving.metrics.ServiceMetrics` observes the result (stage
 histograms, cache counters) and every model batch. "Off" is the no-op tracer and no metrics (``exporter = "none"``;
 metrics are always kept by a server, so "off" is a lower bound). The modes alternate per round (off, on, off, on)
 on one pipeline, one query after another; each mode keeps its best round. Usage::
@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from retrieval.config import load_config
     from retrieval.evaluate import judged_queries
-    from retrieval.metrics import ServiceMetrics
-    from retrieval.pipeline import Pipeline
-    from retrieval.tracing import NO_TRACER
+    from retrieval.observability.tracing import NO_TRACER
+    from retrieval.search.pipeline import Pipeline
+    from retrieval.serving.metrics import ServiceMetrics
 
     config = load_config(args.config)
     queries = list(judged_queries(Path(args.dataset), args.split, args.limit)[0].values())
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         # The instrumentation alone, without the search around it (steadier than a difference of two noisy
         # latencies): the spans of one request (the server's, the search's and one per stage of a stored result)
         # and the metrics of its result.
-        from retrieval.tracing import child_span
+        from retrieval.observability.tracing import child_span
 
         stored = pipeline.search(queries[0], 10, use_cache=False)
         stage_names = [f"hybridrag.{s}" for s in stored.timings_ms if s not in ("total", "embed_queue")]

@@ -21,8 +21,8 @@ import numpy as np
 from index_builder.models import Embedder
 from retrieval.config import load_config
 from retrieval.evaluate import evaluate, load_qrels, load_queries
-from retrieval.fusion import rrf
-from retrieval.index import SearchIndex
+from retrieval.search.fusion import rrf
+from retrieval.search.index import SearchIndex
 
 K_GRID = (1, 5, 10, 20, 40, 60, 100)
 W_GRID = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)

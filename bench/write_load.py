@@ -13,7 +13,7 @@ it, in a temporary folder. Then, in one process (the library the server runs, wi
    synchronous FULL) and searchable.
 
 The written documents are the corpus's own texts under new ids (realistic lengths). ``--live-module FILE`` takes
-``LiveIndex`` from another copy of ``retrieval/live.py`` (e.g. ``git show HEAD:retrieval/live.py > /tmp/old.py``),
+``LiveIndex`` from another copy of ``retrieval/live/live_index.py`` (e.g. ``git show 11c4e1a:retrieval/live.py > /tmp/old.py``),
 so the same run measures two versions of the write path over the same everything else.
 
 Usage::
@@ -51,7 +51,7 @@ def vm_rss_mib(field: str = "VmRSS") -> float:
 
 def _live_class(path: str | None):
     if not path:
-        from retrieval.live import LiveIndex
+        from retrieval.live.live_index import LiveIndex
         return LiveIndex
     spec = importlib.util.spec_from_file_location("bench_write_load_live", path)
     assert spec is not None and spec.loader is not None
@@ -62,7 +62,7 @@ def _live_class(path: str | None):
 
 
 def buffer_bytes(view) -> int:
-    """The bytes of the numpy arrays the view's write buffer holds (either layout of retrieval/live.py)."""
+    """The bytes of the numpy arrays the view's write buffer holds (either layout of retrieval/live/live_index.py)."""
     state = view.state
     if hasattr(state, "segments"):
         return int(sum(s.vectors.nbytes + s.tokens.nbytes + s.chunks.nbytes for s in state.segments))
@@ -76,9 +76,9 @@ class Setup:
 
     def __init__(self, live_cls, config, embedder, docs) -> None:
         from index_builder.build import build_snapshot
-        from retrieval.index import SearchIndex
-        from retrieval.pipeline import Pipeline
-        from retrieval.store import DocumentStore
+        from retrieval.live.store import DocumentStore
+        from retrieval.search.index import SearchIndex
+        from retrieval.search.pipeline import Pipeline
 
         self.tmp = tempfile.TemporaryDirectory(prefix="hybridrag-bench-writes-")
         root = Path(self.tmp.name)
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rss-writes", type=int, default=2000)
     ap.add_argument("--readers", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=150.0, help="cap on the memory phase's writes")
-    ap.add_argument("--live-module", help="a copy of retrieval/live.py to take LiveIndex from")
+    ap.add_argument("--live-module", help="a copy of retrieval/live/live_index.py to take LiveIndex from")
     ap.add_argument("--label", default="", help="names the run in the JSON (e.g. old / new)")
     ap.add_argument("--config")
     ap.add_argument("--json")
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                                 text=f"{d.text} (written copy wl{i})"))
         return out
 
-    result: dict[str, Any] = {"label": args.label, "live_module": args.live_module or "retrieval/live.py",
+    result: dict[str, Any] = {"label": args.label, "live_module": args.live_module or "retrieval/live/live_index.py",
                               "corpus_docs": len(docs), "rebuild_threads": config.live.rebuild_threads}
 
     # 1. memory under a stream of 1-document writes, with readers

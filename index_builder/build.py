@@ -98,7 +98,7 @@ def index_settings(config: BuildConfig, embedder: Embedder, token_encoder: Token
 
 def _with_avgdl(settings: dict[str, Any], avgdl: float) -> dict[str, Any]:
     """Record the mean analysed passage length: with the index's document frequencies it lets the live index
-    score passages outside the index on the same scale (retrieval.bm25.BM25Stats)."""
+    score passages outside the index on the same scale (retrieval.search.bm25.BM25Stats)."""
     return {**settings, "bm25": {**settings["bm25"], "avgdl": avgdl}}
 
 

@@ -24,12 +24,12 @@ from index_builder.chunking import ChunkConfig
 from index_builder.errors import ConfigError
 from index_builder.models import CrossEncoderConfig, EmbedderConfig
 from index_builder.token_encoders import TokenEncoderConfig
-from retrieval.batching import BatcherConfig
-from retrieval.dense import DenseConfig
-from retrieval.llm_backend import GenerationConfig
-from retrieval.metrics import MetricsConfig
-from retrieval.semantic_cache import SemanticCacheConfig
-from retrieval.tracing import TracingConfig
+from retrieval.generation.backend import GenerationConfig
+from retrieval.observability.tracing import TracingConfig
+from retrieval.search.batching import BatcherConfig
+from retrieval.search.dense import DenseConfig
+from retrieval.search.semantic_cache import SemanticCacheConfig
+from retrieval.serving.metrics import MetricsConfig
 
 ENV_PREFIX = "HYBRIDRAG_"
 
@@ -109,7 +109,7 @@ class RerankConfig:
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    """Cross-request dynamic batching, one batcher per model role (see retrieval/batching.py)."""
+    """Cross-request dynamic batching, one batcher per model role (see retrieval/search/batching.py)."""
 
     embed: BatcherConfig = field(default_factory=lambda: BatcherConfig(max_batch_size=32, max_wait_ms=2.0))
     query_tokens: BatcherConfig = field(default_factory=lambda: BatcherConfig(max_batch_size=32, max_wait_ms=2.0))

@@ -20,9 +20,9 @@ import pytrec_eval
 
 from index_builder.errors import CorpusError
 from index_builder.types import Hits
-from retrieval.filters import Filter
-from retrieval.index import SearchIndex
-from retrieval.pipeline import Pipeline
+from retrieval.search.filters import Filter
+from retrieval.search.index import SearchIndex
+from retrieval.search.pipeline import Pipeline
 
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 import transformers
 
+from hybridrag.cli import build_parser
 from rerank.interpolation import standardize
-from retrieval.cli import build_parser
 from training.cli import _prepare, check_pairs
 from training.cross_encoder import CrossEncoderTrainConfig, dev_scores
 from training.data import dev_figures

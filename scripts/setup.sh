@@ -46,6 +46,6 @@ if [ "$llm" = 1 ]; then
     wheel=$(ls "$wheels"/llama_cpp_python-*.whl)
     python -m pip install -q "${wheel}[server]"
   fi
-  python -c "import llama_cpp.server; from retrieval.llm_server import bundled_gguf; print('bundled generator:', bundled_gguf())"
+  python -c "import llama_cpp.server; from retrieval.generation.embedded import bundled_gguf; print('bundled generator:', bundled_gguf())"
 fi
 python -c "import index_builder.models as m; f = m.bundled_minilm(); print('bundled model:', f.onnx_path)"

@@ -12,13 +12,10 @@ from index_builder.corpus import read_corpus
 from index_builder.models import Embedder
 from retrieval.config import AppConfig, load_config
 from retrieval.evaluate import load_qrels, load_queries
-from retrieval.index import SearchIndex
-from retrieval.pipeline import Pipeline
-from retrieval.store import DocumentStore
-
-REPO = Path(__file__).resolve().parent.parent
-SAMPLE = REPO / "data" / "sample"
-SHARED_BEIR = REPO.parent / "shared" / "data" / "beir"
+from retrieval.live.store import DocumentStore
+from retrieval.search.index import SearchIndex
+from retrieval.search.pipeline import Pipeline
+from tests.helpers import SAMPLE
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ def _open_pipeline(index_dir: Path, dataset: Path, config: Any, quiet: bool, doc
     it) first when it has no snapshot."""
     from index_builder.build import build_snapshot
     from index_builder.corpus import read_corpus, resolve_corpus_path
-    from retrieval.pipeline import Pipeline
+    from retrieval.search.pipeline import Pipeline
 
     if not (index_dir / "CURRENT").exists():
         if docs is None:
@@ -147,7 +147,7 @@ def cmd_train_card(args: argparse.Namespace) -> int:
 def cmd_train_synth_queries(args: argparse.Namespace) -> int:
     from index_builder.corpus import read_corpus, resolve_corpus_path
     from retrieval.config import load_config
-    from retrieval.llm_server import EmbeddedLLMConfig, EmbeddedLLMServer
+    from retrieval.generation.embedded import EmbeddedLLMConfig, EmbeddedLLMServer
     from training.synthetic import SynthConfig, chat_completer, synthesize
 
     cfg = SynthConfig(**{k: v for k, v in (("docs", args.docs), ("seed", args.seed), ("keep_top", args.keep_top),

@@ -4,7 +4,7 @@
   stopping is the dataset's ``qrels/dev.tsv`` when it has one, otherwise a fixed-seed share of the training
   queries held out (SciFact has no dev split). The test split is never read here.
 - Hard negatives are mined with the project's own first stage over the index of that corpus: each training
-  query's BM25 and dense top ``depth`` lists (:class:`retrieval.pipeline.Pipeline`, the same code that serves),
+  query's BM25 and dense top ``depth`` lists (:class:`retrieval.search.pipeline.Pipeline`, the same code that serves),
   minus every document judged relevant to that query in any split read. Random negatives are drawn from the whole
   corpus with the same exclusion.
 - A training group is (query, one positive, hard negatives, random negatives): the listwise loss takes the

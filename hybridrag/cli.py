@@ -1,0 +1,485 @@
+"""``hybridrag`` command line: build, eval, search, serve, query, ask, quickstart, bench load.
+
+The edge of the program: only here are arguments parsed, config files and the environment read, and logging set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from index_builder.errors import HybridRagError
+
+log = logging.getLogger("hybridrag")
+
+SAMPLE_DIR = Path(__file__).resolve().parent.parent / "data" / "sample"
+
+
+def _config(args: argparse.Namespace, overrides: dict[str, Any] | None = None):
+    from retrieval.config import load_config
+
+    return load_config(getattr(args, "config", None), overrides=overrides)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML configuration file (see README: Configuration)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="ONNX Runtime intra-op threads and faiss OpenMP threads (0 = library default)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def _thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.threads:
+        return {}
+    import faiss
+
+    faiss.omp_set_num_threads(args.threads)
+    rt = {"runtime": {"intra_op_threads": args.threads}}
+    return {"embedder": rt, "late_interaction": rt, "cross_encoder": rt}
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from index_builder.build import build_snapshot
+    from index_builder.corpus import read_corpus
+
+    config = _config(args, _thread_overrides(args))
+    t = time.perf_counter()
+    docs, report = read_corpus(args.corpus, skip_bad=args.skip_bad)
+    if report.skipped:
+        print(f"skipped {report.skipped} bad line(s); first: {report.errors[0]}", file=sys.stderr)
+    print(f"read {len(docs)} documents from {report.path} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    seq = 0
+    if args.store:  # the store becomes the source of truth; the snapshot records the sequence number it covers
+        from retrieval.live.store import MAX_BATCH, DocumentStore
+
+        store = DocumentStore(args.store)
+        for start in range(0, len(docs), MAX_BATCH):
+            store.upsert(docs[start:start + MAX_BATCH])
+        seq, docs = store.snapshot()
+        store.close()
+    summary = build_snapshot(docs, Path(args.out), config.build_config(), progress=not args.quiet, covered_seq=seq)
+    print(summary.line() + "; stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.timings.items()))
+    return 0
+
+
+def cmd_index_tokens(args: argparse.Namespace) -> int:
+    from index_builder.build import rebuild_token_vectors
+    from index_builder.models import Embedder
+    from index_builder.token_encoders import make_token_encoder
+
+    config = _config(args, _thread_overrides(args))
+    tc = config.late_interaction
+    encoder = None if args.convert_only else make_token_encoder(tc, Embedder(config.embedder))
+    summary = rebuild_token_vectors(Path(args.index), encoder, tc.storage, out=Path(args.out) if args.out else None,
+                                    keep_snapshots=config.build.keep_snapshots, progress=not args.quiet)
+    print(summary.line() + "; stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.timings.items()))
+    return 0
+
+
+def cmd_index_rebuild(args: argparse.Namespace) -> int:
+    from index_builder.build import build_snapshot
+    from retrieval.live.store import DocumentStore
+
+    config = _config(args, _thread_overrides(args))
+    store = DocumentStore(args.store)
+    seq, docs = store.snapshot()
+    store.close()
+    if not docs:
+        print(f"hybridrag index rebuild: the store {args.store} holds no documents", file=sys.stderr)
+        return 2
+    summary = build_snapshot(docs, Path(args.index), config.build_config(), progress=not args.quiet, covered_seq=seq)
+    print(summary.line() + f"; covers sequence {seq}")
+    return 0
+
+
+def _open_pipeline(index_dir: Path, config):
+    from retrieval.search.pipeline import Pipeline
+
+    return Pipeline.open(index_dir, config)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from retrieval.search.filters import Filter
+
+    config = _config(args, _thread_overrides(args))
+    pipeline = _open_pipeline(Path(args.index), config)
+    meta = dict(kv.split("=", 1) for kv in args.filter)
+    for query in args.query:
+        res = pipeline.search(query, args.k, filter=Filter.of(args.tenant, meta),
+                              stages=args.stages.split(",") if args.stages else None)
+        if args.json:
+            print(json.dumps(_result_json(pipeline, query, res)))
+            continue
+        timings = ", ".join(f"{k} {v:.1f}" for k, v in res.timings_ms.items())
+        print(f"\n{query}\n  ({timings} ms{'; degraded: ' + str(res.skipped) if res.degraded else ''})")
+        for rank, (d, s, c) in enumerate(zip(res.hits.doc, res.hits.scores, res.hits.chunk, strict=False), 1):
+            doc = pipeline.index.documents[d]
+            text = " ".join(pipeline.index.passage(int(c)).split())
+            print(f"  {rank:2d}. {doc.id:<14} {s:.4f}  {doc.title[:40]!r}: {text[:90]}...")
+    pipeline.close()
+    return 0
+
+
+def _result_json(pipeline, query: str, res) -> dict[str, Any]:
+    idx = pipeline.index
+    return {"query": query, "generation": res.generation, "degraded": res.degraded, "skipped": res.skipped,
+            "timings_ms": {k: round(v, 3) for k, v in res.timings_ms.items()},
+            "hits": [{"id": idx.documents[d].id, "score": float(s), "chunk": int(c),
+                      "title": idx.documents[d].title, "text": idx.passage(int(c))}
+                     for d, s, c in zip(res.hits.doc, res.hits.scores, res.hits.chunk, strict=False)]}
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from retrieval.evaluate import RERANK_VARIANTS, hnsw_recall, judged_queries, run_stages, summarize, write_trec
+
+    config = _config(args, _thread_overrides(args))
+    dataset = Path(args.dataset)
+    queries, qrels = judged_queries(dataset, args.split, args.limit)
+    tmp = None
+    index_dir = Path(args.index) if args.index else None
+    if index_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="hybridrag-eval-")
+        index_dir = Path(tmp.name)
+    build_info = None
+    if not (index_dir / "CURRENT").exists():
+        from index_builder.build import build_snapshot
+        from index_builder.corpus import read_corpus
+
+        docs, _ = read_corpus(dataset)
+        summary = build_snapshot(docs, index_dir, config.build_config(), progress=not args.quiet)
+        print(summary.line(), file=sys.stderr)
+        build_info = {"seconds": round(summary.seconds, 1), "chunks": summary.chunks,
+                      "bytes": summary.bytes_on_disk, "timings": {k: round(v, 1) for k, v in summary.timings.items()}}
+    pipeline = _open_pipeline(index_dir, config)
+    # warm-up: first calls pay for lazy initialisation
+    for text in list(queries.values())[:5]:
+        pipeline.search(text, 10)
+    rerank = tuple(args.rerank.split(",")) if args.rerank else RERANK_VARIANTS
+    stages = run_stages(pipeline, queries, depth=100, rerank=rerank)
+    summary_stages = summarize(stages, qrels)
+    out: dict[str, Any] = {"dataset": dataset.name, "split": args.split, "queries": len(queries),
+                           "stages": summary_stages, "index": str(index_dir), "generation": pipeline.index.generation,
+                           "embedder": pipeline.embedder.describe(), "threads": args.threads or "default",
+                           "config": {"fusion": vars(config.fusion), "dense": vars(config.dense),
+                                      "chunking": vars(config.chunking), "analyzer": vars(config.analyzer),
+                                      "bm25": vars(config.bm25), "hnsw": vars(config.hnsw),
+                                      "rerank": vars(config.rerank)},
+                           "token_vectors": pipeline.index.token_encoder,
+                           "cross_encoder": pipeline.cross_encoder.describe() if pipeline.cross_encoder else None}
+    if "dense" in stages:
+        out["hnsw_recall@100"] = hnsw_recall(stages["dense"].hits, stages["dense_exact"].hits)
+    if build_info:
+        out["build"] = build_info
+    print(f"{dataset.name} ({args.split}, {len(queries)} queries)")
+    print(f"{'stage':<17} {'nDCG@10':>8} {'R@100':>7} {'QPS':>8} {'p50 ms':>7} {'p99 ms':>7}")
+    for name, m in summary_stages.items():
+        print(f"{name:<17} {m['ndcg@10']:>8.4f} {m['recall@100']:>7.4f} {m['qps']:>8.1f} {m['p50_ms']:>7.2f} "
+              f"{m['p99_ms']:>7.2f}")
+    if "hnsw_recall@100" in out:
+        print(f"HNSW recall@100 vs exact: {out['hnsw_recall@100']:.4f} (ef_search={config.dense.ef_search})")
+    if args.run_dir:
+        run_dir = Path(args.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name, st in stages.items():
+            write_trec(run_dir / f"{name}.trec", st.run, f"hybridrag-{name}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    pipeline.close()
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from retrieval.serving.grpc_service import load_api_keys, serve
+
+    overrides = _thread_overrides(args)
+    if args.port is not None:
+        overrides["server"] = {"port": args.port}
+    if args.host:
+        overrides.setdefault("server", {})["host"] = args.host
+    if args.metrics_port is not None:
+        overrides["metrics"] = {"port": args.metrics_port}
+    config = _config(args, overrides)
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    if args.log_json:
+        from retrieval.serving.grpc_service import JsonLogFormatter
+
+        for handler in root.handlers:
+            handler.setFormatter(JsonLogFormatter())
+    keys = load_api_keys(config.server.api_keys_file, os.environ.get("HYBRIDRAG_API_KEYS", ""))
+    asyncio.run(serve(Path(args.index), config, keys, Path(args.store) if args.store else None))
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import grpc
+
+    from retrieval.serving.client import ClientOptions, RetrieverClient
+
+    opts = ClientOptions(api_key=os.environ.get("HYBRIDRAG_API_KEY", ""), tls_ca=args.tls_ca or "", timeout=args.timeout)
+    meta = dict(kv.split("=", 1) for kv in args.filter)
+    with RetrieverClient(args.target, opts) as client:
+        for query in args.query:
+            try:
+                r = client.retrieve(query, args.top_k, tenant=args.tenant, filters=meta,
+                                    stages=args.stages.split(",") if args.stages else None)
+            except grpc.RpcError as e:
+                print(f"hybridrag query: {e.code().name}: {e.details()}", file=sys.stderr)
+                return 1
+            if args.json:
+                from google.protobuf.json_format import MessageToDict
+
+                print(json.dumps(MessageToDict(r, preserving_proto_field_name=True)))
+                continue
+            timings = ", ".join(f"{k} {v:.1f}" for k, v in r.timings_ms.items())
+            flag = "; degraded: " + "; ".join(f"{s.stage}: {s.reason}" for s in r.skipped) if r.degraded else ""
+            print(f"\n{query}\n  (generation {r.index_generation}, {timings} ms{flag})")
+            for rank, p in enumerate(r.passages, 1):
+                text = " ".join(p.text.split())
+                print(f"  {rank:2d}. {p.doc_id:<14} {p.score:.4f}  {p.title[:40]!r}: {text[:90]}...")
+    return 0
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    """Generate: print the sources at once, then the answer as it streams, then the stats."""
+    import grpc
+
+    from retrieval.serving.client import ClientOptions, RetrieverClient
+
+    opts = ClientOptions(api_key=os.environ.get("HYBRIDRAG_API_KEY", ""), tls_ca=args.tls_ca or "", timeout=args.timeout)
+    meta = dict(kv.split("=", 1) for kv in args.filter)
+    with RetrieverClient(args.target, opts) as client:
+        try:
+            for msg in client.generate(args.question, args.top_k, max_tokens=args.max_tokens, tenant=args.tenant,
+                                       filters=meta, bypass_cache=args.no_cache, timeout=args.timeout):
+                kind = msg.WhichOneof("event")
+                if kind == "passages":
+                    hit = " (semantic cache)" if msg.passages.cache_hit else ""
+                    print(f"sources{hit}:")
+                    for rank, p in enumerate(msg.passages.passages, 1):
+                        print(f"  [{rank}] {p.doc_id}  {p.title[:70]}")
+                    print()
+                elif kind == "token":
+                    print(msg.token, end="", flush=True)
+                else:
+                    s = msg.stats
+                    print(f"\n\n({s.model}{', cached answer' if s.cache_hit else ''}: retrieval {s.retrieval_ms:.0f} ms, "
+                          f"first token {s.time_to_first_token_ms:.0f} ms, generation {s.generation_ms:.0f} ms, "
+                          f"{s.tokens_in} tokens in, {s.tokens_out} out, finish {s.finish_reason or '-'})")
+        except grpc.RpcError as e:
+            print(f"\nhybridrag ask: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def cmd_bench_load(args: argparse.Namespace) -> int:
+    """The load benchmark (``bench/load.py``): its own options follow ``bench load``."""
+    import bench.load
+
+    return bench.load.main(args.bench_args, prog="hybridrag bench load")
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    """Build the bundled sample corpus's index, answer a few of its queries, then generate one answer with the
+    embedded llama.cpp server (when it is installed)."""
+    out = Path(args.out)
+    build = argparse.Namespace(config=args.config, threads=args.threads, corpus=str(SAMPLE_DIR / "corpus.jsonl"),
+                               out=str(out), skip_bad=False, quiet=True, verbose=args.verbose, store=None)
+    cmd_build(build)
+    from retrieval.evaluate import load_queries
+
+    queries = list(load_queries(SAMPLE_DIR).values())[:3]
+    search = argparse.Namespace(config=args.config, threads=args.threads, index=str(out), query=queries, k=3,
+                                tenant="", filter=[], stages="", json=False, verbose=args.verbose)
+    status = cmd_search(search)
+    if status == 0 and not args.no_generate:
+        status = _quickstart_answer(out, _config(args), queries[0])
+    return status
+
+
+def _quickstart_answer(index_dir: Path, config, question: str) -> int:
+    import asyncio
+
+    from index_builder.errors import HybridRagError
+    from retrieval.generation.generator import Passages, Stats, Token, open_generator
+
+    pipeline = _open_pipeline(index_dir, config)
+    try:
+        setup = open_generator(pipeline, config.generation, pipeline.cache)
+    except HybridRagError as e:
+        print(f"\n(no answer generated: {e})")
+        pipeline.close()
+        return 0
+
+    async def main() -> None:
+        try:
+            print(f"\nGenerate: {question}  [{setup.describe()}]")
+            async for event in setup.generator.generate(question, k=3, max_tokens=64):
+                if isinstance(event, Passages):
+                    print("  sources: " + ", ".join(event.result.doc_ids()))
+                    print("  ", end="")
+                elif isinstance(event, Token):
+                    print(event.text, end="", flush=True)
+                elif isinstance(event, Stats):
+                    print(f"\n  ({event.model}: first token {event.time_to_first_token_ms:.0f} ms, "
+                          f"{event.tokens_out} tokens in {event.generation_ms:.0f} ms)")
+        finally:
+            await setup.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        pipeline.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hybridrag", description="Hybrid BM25 + dense retrieval service")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("build", help="build an index snapshot from a corpus (BEIR corpus.jsonl(.gz) or JSONL)")
+    p.add_argument("--corpus", required=True, help="corpus file, or a BEIR dataset folder")
+    p.add_argument("--out", required=True, help="index root folder (snapshots/ and CURRENT are written there)")
+    p.add_argument("--skip-bad", action="store_true", help="skip malformed lines and report how many")
+    p.add_argument("--store", help="also write the documents to this document store (SQLite) and build from it, "
+                                   "for a server that accepts writes (serve --store)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_common(p)
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("search", help="answer queries from an index")
+    p.add_argument("--index", required=True)
+    p.add_argument("query", nargs="+")
+    p.add_argument("-k", type=int, default=5)
+    p.add_argument("--tenant", default="")
+    p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE", help="metadata equality filter")
+    p.add_argument("--stages", default="",
+                   help="comma-separated subset of bm25,dense,late_interaction,cross_encoder (default: as configured)")
+    p.add_argument("--json", action="store_true", help="one JSON object per query")
+    _add_common(p)
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("eval", help="BEIR evaluation: nDCG@10, Recall@100, HNSW recall, QPS per stage")
+    p.add_argument("--dataset", required=True, help="BEIR dataset folder (corpus, queries.jsonl, qrels/)")
+    p.add_argument("--index", help="index root; built there if it has no CURRENT (default: a temporary folder)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--json", help="write the figures as JSON here")
+    p.add_argument("--run-dir", help="write one TREC run file per stage here")
+    p.add_argument("--limit", type=int, default=0, help="only the first N queries")
+    p.add_argument("--rerank", default="", help="comma-separated subset of late_interaction,cross_encoder,cascade "
+                                                "to evaluate (default: every one the index and config allow)")
+    p.add_argument("--quiet", action="store_true")
+    _add_common(p)
+    p.set_defaults(func=cmd_eval)
+
+    from index_builder.export import add_parser as add_models_parser
+
+    add_models_parser(sub)
+
+    from training.cli import add_parser as add_train_parser  # the command's module imports torch only when run
+
+    add_train_parser(sub)
+
+    p = sub.add_parser("serve", help="serve an index over gRPC (hybridrag.v1.Retriever, health, reflection)")
+    p.add_argument("--index", required=True, help="index root (CURRENT -> snapshot)")
+    p.add_argument("--port", type=int, help="listen port (default: [server] port, 50051; 0 = any free port)")
+    p.add_argument("--host", help="listen address (default: [server] host, 127.0.0.1)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default: [metrics] port, 9464; "
+                   "0 = any free port, -1 = off)")
+    p.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
+    p.add_argument("--store", help="document store (SQLite) for Upsert/Delete; writes after the snapshot are replayed")
+    _add_common(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("query", help="ask a running server (API key from HYBRIDRAG_API_KEY)")
+    p.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT")
+    p.add_argument("query", nargs="+")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--tenant", default="")
+    p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--stages", default="")
+    p.add_argument("--tls-ca", help="PEM file to trust (TLS); default plaintext")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_query)
+
+    p = sub.add_parser("ask", help="ask a running server for an answer (Generate: sources, streamed answer, stats)")
+    p.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT")
+    p.add_argument("question")
+    p.add_argument("--top-k", type=int, default=0, help="context passages (0 = the server's default)")
+    p.add_argument("--max-tokens", type=int, default=0, help="answer length (0 = the server's default)")
+    p.add_argument("--tenant", default="")
+    p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--no-cache", action="store_true", help="bypass the semantic cache")
+    p.add_argument("--tls-ca", help="PEM file to trust (TLS); default plaintext")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_ask)
+
+    p = sub.add_parser("index", help="maintain an index")
+    isub = p.add_subparsers(dest="index_command", required=True)
+    q = isub.add_parser("tokens", help="recompute the late-interaction token vectors of the current snapshot with the "
+                                       "configured [late_interaction] model and storage (the dense side is kept)")
+    q.add_argument("--index", required=True, help="index root")
+    q.add_argument("--out", help="write the new snapshot under this root instead (default: --index)")
+    q.add_argument("--convert-only", action="store_true",
+                   help="no model: convert the snapshot's own token vectors in the configured storage (fp16 <-> int8)")
+    q.add_argument("--quiet", action="store_true")
+    _add_common(q)
+    q.set_defaults(func=cmd_index_tokens)
+    r = isub.add_parser("rebuild", help="build a new snapshot from the document store (a running server also "
+                                        "rebuilds by itself, or on the Rebuild call)")
+    r.add_argument("--index", required=True, help="index root")
+    r.add_argument("--store", required=True, help="document store (SQLite)")
+    r.add_argument("--quiet", action="store_true")
+    _add_common(r)
+    r.set_defaults(func=cmd_index_rebuild)
+
+    p = sub.add_parser("bench", help="benchmarks (from the repository checkout)")
+    bsub = p.add_subparsers(dest="bench_command", required=True)
+    q = bsub.add_parser("load", add_help=False, help="load benchmark over gRPC: closed and open loop, client check, "
+                                                     "nDCG@10, naive baseline (options: hybridrag bench load --help)")
+    q.set_defaults(func=cmd_bench_load, verbose=False, bench_args=[])
+
+    p = sub.add_parser("quickstart", help="build the sample corpus index, answer sample queries, generate an answer")
+    p.add_argument("--out", default="indexes/sample")
+    p.add_argument("--no-generate", action="store_true", help="skip the generated answer (embedded llama.cpp)")
+    _add_common(p)
+    p.set_defaults(func=cmd_quickstart)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not hasattr(args, "bench_args"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if hasattr(args, "bench_args"):  # a benchmark parses its own options
+        args.bench_args = extra
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import bm25s  # noqa: F401  (it sets its own logger to DEBUG when imported: import first, then quieten)
+
+    logging.getLogger("bm25s").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    try:
+        return args.func(args)
+    except HybridRagError as e:
+        print(f"hybridrag {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

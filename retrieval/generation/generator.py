@@ -1,0 +1,240 @@
+"""Generate: retrieve, assemble the prompt, stream the answer from the routed backend.
+
+Events, in order: :class:`Passages` (the retrieval result, so a client can show sources before the first token),
+:class:`Token` deltas as the backend produces them, then :class:`Stats` (retrieval ms, time to first token,
+generation ms, tokens in and out, the model that answered). A finished answer is kept in the semantic cache
+(scoped by the retrieval options and the generation settings, valid for the index generation that retrieved its
+passages, invalidated when a write touches one of them); a cache hit streams the cached answer at once.
+
+Backends: the configured OpenAI-compatible server (vLLM, llama.cpp), or the embedded llama.cpp server
+(:mod:`retrieval.generation.embedded`) when no URL is configured. With routing on, short and simple questions go to the
+``small`` backend and the rest to ``large`` (:func:`retrieval.generation.backend.route`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from index_builder.errors import ConfigError, DeadlineExceeded, InvalidRequest
+from retrieval.generation.backend import BackendConfig, ChatBackend, GenerationConfig, route
+from retrieval.generation.embedded import EmbeddedLLMServer, llama_server_available
+from retrieval.generation.prompt import ContextPassage, HeuristicCounter, TokenCounter, build_prompt, make_counter
+from retrieval.search.pipeline import NO_FILTER, Pipeline, SearchResult
+from retrieval.search.semantic_cache import SemanticCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Passages:
+    result: SearchResult
+
+
+@dataclass
+class Token:
+    text: str
+
+
+@dataclass
+class Stats:
+    retrieval_ms: float
+    time_to_first_token_ms: float
+    generation_ms: float
+    tokens_in: int
+    tokens_out: int
+    model: str
+    route: str
+    cache_hit: bool = False
+    passages_in_prompt: int = 0
+    context_truncated: bool = False
+    finish_reason: str = ""
+
+
+@dataclass
+class _CachedAnswer:
+    result: SearchResult
+    text: str
+    stats: Stats
+
+
+class Generator:
+    """Owns the backends (one, or small + large when routing is on) and streams answers for the gRPC layer.
+
+    ``ready``: awaited before the first call (the embedded server starting); raising :class:`BackendUnavailable`
+    there fails Generate with UNAVAILABLE after the passages were sent.
+    """
+
+    def __init__(self, pipeline: Pipeline, config: GenerationConfig, backends: dict[str, ChatBackend],
+                 counter: TokenCounter, cache: SemanticCache | None = None,
+                 ready: Callable[[], Awaitable[None]] | None = None) -> None:
+        if config.routing.enabled and set(backends) != {"small", "large"}:
+            raise ValueError("routing needs a 'small' and a 'large' backend")
+        self.pipeline = pipeline
+        self.config = config
+        self.backends = backends
+        self.counter = counter
+        self.cache = cache if config.cache_answers else None
+        self._ready = ready
+        self._prompt_id = hashlib.sha256(config.system_prompt.encode()).hexdigest()[:12]
+
+    async def aclose(self) -> None:
+        for b in self.backends.values():
+            await b.aclose()
+
+    def route_for(self, question: str) -> str:
+        return route(question, self.config.routing) if self.config.routing.enabled else "default"
+
+    def check_max_tokens(self, requested: int) -> int:
+        if requested == 0:
+            return self.config.max_tokens
+        if not 1 <= requested <= self.config.max_tokens_limit:
+            raise InvalidRequest(f"max_tokens must be in [1, {self.config.max_tokens_limit}] (0 = "
+                                 f"{self.config.max_tokens}), got {requested}")
+        return requested
+
+    async def generate(self, question: str, *, max_tokens: int = 0, deadline: float | None = None,
+                       use_cache: bool = True, **search: Any) -> AsyncIterator[Passages | Token | Stats]:
+        """Retrieve with ``search`` (the pipeline's options), then stream the answer (see the module docstring)."""
+        max_tokens = self.check_max_tokens(max_tokens)
+        k = search.pop("k", 0) or self.config.passages
+        t0 = time.perf_counter()
+        epoch = self.cache.epoch() if self.cache is not None else 0
+        result = await self.pipeline.search_async(question, k, deadline=deadline, use_cache=use_cache, **search)
+        retrieval_ms = (time.perf_counter() - t0) * 1000.0
+        which = self.route_for(question)
+        backend = self.backends[which]
+        scope = None
+        if self.cache is not None and use_cache and result.query_vec is not None and not result.degraded:
+            scope = ("generate", search.get("filter"), k, tuple(search.get("stages") or ()), search.get("candidates"),
+                     search.get("li_top_k"), search.get("ce_top_k"), which, backend.model, max_tokens,
+                     self.config.temperature, self.config.stop, self._prompt_id)
+            hit = self.cache.lookup(scope, result.generation, result.query_vec, question)
+            if hit is not None:
+                cached: _CachedAnswer = hit.value  # its passages are the ones the answer was generated from
+                yield Passages(dataclasses.replace(cached.result, cache_hit=True, cache_similarity=hit.similarity,
+                                                   timings_ms=result.timings_ms))
+                yield Token(cached.text)
+                s = cached.stats
+                yield Stats(retrieval_ms, 0.0, 0.0, s.tokens_in, s.tokens_out, s.model, s.route, cache_hit=True,
+                            passages_in_prompt=s.passages_in_prompt, context_truncated=s.context_truncated,
+                            finish_reason=s.finish_reason)
+                return
+        yield Passages(result)
+
+        index = result.index
+        passages = [ContextPassage(index.documents[d].id, index.documents[d].title, index.passage(int(c)))
+                    for d, c in zip(result.hits.doc.tolist(), result.hits.chunk.tolist(), strict=True)]
+        prompt = build_prompt(question, passages, counter=self.counter, budget_tokens=self.config.context_tokens,
+                              system_prompt=self.config.system_prompt)
+        if self._ready is not None:
+            await self._wait_ready(deadline)
+        t_gen = time.perf_counter()
+        ttft = 0.0
+        parts: list[str] = []
+        last = None
+        async for event in backend.stream(prompt.messages, max_tokens=max_tokens, temperature=self.config.temperature,
+                                          stop=self.config.stop, deadline=deadline):
+            if event.text:
+                if not parts:
+                    ttft = (time.perf_counter() - t_gen) * 1000.0
+                parts.append(event.text)
+                yield Token(event.text)
+            else:
+                last = event
+        generation_ms = (time.perf_counter() - t_gen) * 1000.0
+        text = "".join(parts)
+        tokens_in = last.prompt_tokens if last and last.prompt_tokens else self._estimate_prompt_tokens(prompt.messages)
+        tokens_out = last.completion_tokens if last and last.completion_tokens else len(parts)
+        stats = Stats(retrieval_ms, ttft, generation_ms, tokens_in, tokens_out, backend.model, which,
+                      passages_in_prompt=prompt.passages_used, context_truncated=prompt.truncated,
+                      finish_reason=(last.finish_reason if last else None) or "")
+        if scope is not None and text.strip():
+            cached = result.detached()  # not the view: a cached answer must not pin the write buffer it was read from
+            self.cache.put(scope, result.generation, result.query_vec, question, _CachedAnswer(cached, text, stats),
+                           result.doc_ids(), since=epoch,
+                           nbytes=cached.approx_bytes() + len(text) + search.get("filter", NO_FILTER).nbytes)
+        yield stats
+
+    def _estimate_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
+        return sum(self.counter.count(m["content"]) for m in messages)
+
+    async def _wait_ready(self, deadline: float | None) -> None:
+        assert self._ready is not None
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(self._ready())), timeout)
+        except TimeoutError:
+            raise DeadlineExceeded("the call's deadline passed while the generation backend was starting") from None
+
+
+class _EmbeddedStarter:
+    """Starts the embedded server off the event loop; later calls await the same start, and a dead server is
+    started again on the next call."""
+
+    def __init__(self, server: EmbeddedLLMServer) -> None:
+        self.server = server
+        self._future: asyncio.Future[str] | None = None
+
+    def kick(self) -> None:
+        """Begin starting now (serve calls this at start-up so the first Generate does not wait)."""
+        if self.server.ready():
+            return
+        if self._future is None or self._future.done():
+            self._future = asyncio.get_running_loop().run_in_executor(None, self.server.start)
+
+    async def ready(self) -> None:
+        self.kick()
+        if self._future is not None and not self.server.ready():
+            await asyncio.shield(self._future)
+
+
+@dataclass
+class GeneratorSetup:
+    generator: Generator
+    embedded: EmbeddedLLMServer | None
+    starter: _EmbeddedStarter | None
+
+    def describe(self) -> str:
+        return ", ".join(f"{name}: {b.label} model {b.model!r}" for name, b in self.generator.backends.items())
+
+    async def aclose(self) -> None:
+        await self.generator.aclose()
+        if self.embedded is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.embedded.stop)
+
+
+def open_generator(pipeline: Pipeline, config: GenerationConfig, cache: SemanticCache | None = None) -> GeneratorSetup:
+    """The configured backends; a backend without a URL is the embedded llama.cpp server (one for all such
+    backends), which is created here but started by :meth:`_EmbeddedStarter.kick` / on the first call."""
+    embedded: EmbeddedLLMServer | None = None
+
+    def backend(b: BackendConfig, name: str) -> ChatBackend:
+        nonlocal embedded
+        if b.base_url:
+            return ChatBackend(b, label=f"{name} ({b.base_url})")
+        if not config.embedded.enabled:
+            raise ConfigError(f"generation backend {name!r} has no base_url and the embedded generator is off")
+        if embedded is None:
+            embedded = EmbeddedLLMServer(config.embedded)
+        return ChatBackend(b, base_url=embedded.base_url, model=b.model or config.embedded.alias,
+                           label=f"embedded llama.cpp ({embedded.base_url})")
+
+    r = config.routing
+    backends = {"small": backend(r.small, "small"), "large": backend(r.large, "large")} if r.enabled else {
+        "default": backend(config.backend, "default")}
+    if config.tokenizer:
+        counter: TokenCounter = make_counter(config.tokenizer)
+    elif embedded is not None and llama_server_available():
+        counter = make_counter(embedded.model_path)
+    else:
+        counter = HeuristicCounter()
+    starter = _EmbeddedStarter(embedded) if embedded is not None else None
+    generator = Generator(pipeline, config, backends, counter, cache, ready=starter.ready if starter else None)
+    return GeneratorSetup(generator, embedded, starter)

@@ -1,0 +1,980 @@
+"""The live index: durable writes that the next query sees, over an immutable snapshot generation.
+
+A :class:`LiveView` is what a request reads: one snapshot (:class:`SearchIndex`) plus one immutable write-buffer
+state. Every write makes a new buffer state and a new view; the pipeline swaps its ``index`` reference to it, so
+each request keeps the view it started with from start to end (readers never lock, never wait).
+
+The view keeps the snapshot's index space and appends the buffer's: buffered document ``i`` is document
+``n_snapshot_docs + i``, its chunks follow the snapshot's chunks, so every stage's :class:`Hits` work unchanged.
+
+- **Tombstones**: a document id written since the snapshot (replaced or deleted) is hidden from the snapshot's
+  side in every stage at once (a mask, like a filter); its current version, if any, lives in the buffer.
+- **BM25 over buffered passages** is scored with the *snapshot's* statistics (IDF from its document frequencies,
+  its mean length; the formula of :func:`retrieval.search.bm25.score_with_stats`, over each segment's postings), so
+  buffered and indexed passages are ranked on one scale. A second BM25 index over the few buffered passages would
+  use that tiny collection's IDF (a word in 1 of 3 buffered passages looks rare) and its scores could not be
+  compared; RRF-merging the two lists would put the buffer's best passage near the top for any query sharing a
+  word with it.
+- **Dense**: exact inner product over the buffered vectors (same embedding space: scores are comparable), merged
+  with the snapshot's HNSW results by score.
+- **Late interaction**: token vectors of buffered passages, computed and stored (the snapshot's storage) when
+  written.
+
+The write buffer is **segmented** (a log-structured merge of write batches): a :class:`BufferState` is a tuple of
+immutable :class:`Segment` s, one per encoded write batch (docs, chunks, vectors, a :class:`TokenStore` built once,
+BM25 postings, sequence numbers, and the ids it deletes), plus, per segment, the rows that later writes superseded
+or deleted (*dead*: masked like tombstones, never served, dropped when the segment is next merged). A write
+appends one segment and marks the rows it supersedes: O(size of the write + number of segments), whatever is
+buffered; the existing segments (and their arrays) are shared by the old and new state. After appending, the last
+two segments are merged while the last holds more than half as many entries as the one before it (a binary
+counter), so the sizes at least halve from one segment to the next: at most ``log2(entries) + 1`` segments, which
+keeps the per-query loops over segments short, and each buffered row is copied O(log n) times in all (merges are
+amortised). The arrays that combine the snapshot and the buffer (``chunk_doc``, ``starts``, the visibility masks)
+are computed lazily, once per view, when a query first needs them: a write never pays for them.
+
+Writes: the batch size (``store.MAX_BATCH``), its bytes (:data:`MAX_BATCH_BYTES`), the caller's deadline, each
+document, and room in the buffer (``live.max_buffered_docs``) are checked *before* any work; then the documents are
+chunked and encoded *outside* the writer lock (the slow part runs in parallel and a failure writes nothing), then,
+under the lock, the deadline is checked again, the batch written to the store (durable on return) and appended to
+a new buffer state, which is then published: acknowledged means durable and visible. A write whose deadline passed
+before the commit is not applied (DeadlineExceeded, nothing written).
+
+Memory between rebuilds is bounded: an upsert that would push the buffered documents past
+``live.max_buffered_docs`` is refused at once with Overloaded (RESOURCE_EXHAUSTED) and the background rebuild is
+started; the buffer then holds at most that many live documents, and (dead rows awaiting a merge included) at most
+about twice as many rows.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from index_builder.build import BuildSummary, build_snapshot, chunk_passages
+from index_builder.chunking import Chunker
+from index_builder.errors import DeadlineExceeded, InvalidRequest, Overloaded
+from index_builder.models import Embedder
+from index_builder.snapshot import CHUNK_DTYPE
+from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore
+from index_builder.types import Document, Hits
+from rerank.late_interaction import Reordering, rerank_head
+from rerank.maxsim import maxsim_batch
+from retrieval.config import AppConfig
+from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, DocumentStore, WriteResult, validate_document
+from retrieval.search.aggregate import doc_starts, top_docs_from_chunk_scores
+from retrieval.search.bm25 import BM25Stats
+from retrieval.search.filters import Filter
+from retrieval.search.index import SearchIndex
+
+log = logging.getLogger(__name__)
+
+# MAX_BATCH_BYTES (retrieval.live.store): title + text + metadata (UTF-8) of one upsert batch, checked before anything is
+# encoded: the encoders' work grows with the text, and 1,000 documents of up to 1M characters each would be
+# gigabytes of model input.
+_FILTER_CACHE = 32  # filter masks cached per segment (a bool per buffered document each)
+
+Postings = Mapping[str, tuple[np.ndarray, np.ndarray]]  # term -> (chunk rows int32, term frequencies int32)
+
+
+def _doc_bytes(d: Document) -> int:
+    def n(s: str) -> int:
+        return len(s.encode("utf-8", "surrogatepass"))
+    return n(d.title) + n(d.text) + sum(n(k) + n(v) for k, v in d.metadata.items())
+
+
+def _check_deadline(deadline: float | None, when: str) -> None:
+    if deadline is not None and time.monotonic() >= deadline:
+        raise DeadlineExceeded(f"the write's deadline passed {when}; nothing was written")
+
+
+def build_postings(terms: Sequence[Sequence[str]]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """BM25 postings of analysed passages: term -> (passage rows, term frequencies), and each passage's length.
+
+    >>> p, lengths = build_postings([["bee", "hive", "bee"], ["hive"]])
+    >>> {t: (r.tolist(), f.tolist()) for t, (r, f) in sorted(p.items())}, lengths.tolist()
+    ({'bee': ([0], [2]), 'hive': ([0, 1], [1, 1])}, [3.0, 1.0])
+    """
+    acc: dict[str, tuple[list[int], list[int]]] = {}
+    for row, passage in enumerate(terms):
+        for term, tf in Counter(passage).items():
+            entry = acc.get(term)
+            if entry is None:
+                acc[term] = entry = ([], [])
+            entry[0].append(row)
+            entry[1].append(tf)
+    postings = {t: (np.asarray(r, np.int32), np.asarray(f, np.int32)) for t, (r, f) in acc.items()}
+    return postings, np.asarray([len(t) for t in terms], np.float64)
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(s, s + n)`` for each (s, n), vectorised."""
+    total = int(lengths.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    before = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - before, lengths)
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """An encoded write batch, ready to become a segment: chunks (doc = position in ``docs``), vectors, token
+    vectors (stored as the snapshot stores them), BM25 postings and passage lengths."""
+
+    docs: tuple[Document, ...]
+    chunks: np.ndarray
+    vectors: np.ndarray
+    tokens: TokenStore
+    postings: Postings
+    lengths: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    """One immutable piece of the write buffer: the documents of one write batch (or of a merge of consecutive
+    ones) with everything the stages read, and the ids it deleted (``deleted``: id -> sequence number; never one of
+    its own documents). Nothing in it changes after it is made; which of its rows are still served is the
+    :class:`BufferState`'s business."""
+
+    docs: tuple[Document, ...]
+    chunks: np.ndarray  # CHUNK_DTYPE, "doc" = position in docs; grouped by document, in order
+    vectors: np.ndarray  # float32 [n_chunks, dim]
+    tokens: TokenStore  # per chunk
+    postings: Postings  # BM25, per chunk row
+    lengths: np.ndarray  # float64 [n_chunks]: analysed terms per chunk
+    seqs: tuple[int, ...]  # per document, the sequence number of its version
+    deleted: Mapping[str, int] = field(default_factory=dict)
+    _filter_masks: dict = field(default_factory=dict, repr=False)  # Filter -> bool [n_docs] (bounded)
+    _base_rows: list = field(default_factory=list, repr=False)  # [(snapshot key, rows it hides)] (one entry)
+
+    @classmethod
+    def of(cls, enc: Encoded, seqs: Sequence[int]) -> Segment:
+        return cls(enc.docs, enc.chunks, enc.vectors, enc.tokens, enc.postings, enc.lengths, tuple(seqs))
+
+    @classmethod
+    def deletion(cls, deleted: Mapping[str, int], dim: int, token_dim: int, storage: str) -> Segment:
+        return cls((), np.zeros(0, CHUNK_DTYPE), np.zeros((0, dim), np.float32),
+                   TokenStore.from_lists([], token_dim, storage), {}, np.zeros(0, np.float64), (), dict(deleted))
+
+    @property
+    def size(self) -> int:
+        """Entries (documents and deletes): what the merge rule compares."""
+        return len(self.docs) + len(self.deleted)
+
+    @cached_property
+    def row_of(self) -> dict[str, int]:
+        return {d.id: i for i, d in enumerate(self.docs)}
+
+    @cached_property
+    def chunk_doc(self) -> np.ndarray:
+        return self.chunks["doc"].astype(np.int64)
+
+    @cached_property
+    def starts(self) -> np.ndarray:
+        return doc_starts(self.chunk_doc, len(self.docs))
+
+    def ids(self) -> Iterable[str]:
+        """Every id this segment writes (its documents' and the deleted ones)."""
+        yield from self.row_of
+        yield from self.deleted
+
+    def base_rows(self, base: SearchIndex) -> np.ndarray:
+        """Positions in ``base`` of the documents this segment hides (cached for the latest snapshot)."""
+        key = str(base.snapshot.path)
+        cached = self._base_rows
+        if cached and cached[0][0] == key:
+            return cached[0][1]
+        rows = np.fromiter((i for i in (base.doc_index.get(d) for d in self.ids()) if i is not None), np.int64)
+        self._base_rows[:] = [(key, rows)]
+        return rows
+
+    def filter_mask(self, f: Filter) -> np.ndarray:
+        """bool [n_docs]: the documents that pass ``f`` (dead ones included: the state masks those)."""
+        hit = self._filter_masks.get(f)
+        if hit is None:
+            hit = np.fromiter(((not f.tenant or d.tenant == f.tenant)
+                               and all(d.metadata.get(k) == val for k, val in f.metadata) for d in self.docs),
+                              bool, len(self.docs))
+            if len(self._filter_masks) >= _FILTER_CACHE:
+                self._filter_masks.clear()
+            self._filter_masks[f] = hit
+        return hit
+
+    def bm25(self, query_terms: Sequence[str], idf: Mapping[str, float], stats: BM25Stats) -> np.ndarray:
+        """float32 [n_chunks]: the Lucene BM25 of every chunk with the snapshot's statistics, the same formula and
+        operation order as :func:`retrieval.search.bm25.score_with_stats` (repeated query terms count each time)."""
+        out = np.zeros(len(self.chunks), np.float64)
+        norm = None
+        for t in query_terms:
+            p = self.postings.get(t)
+            if p is None:
+                continue
+            if norm is None:
+                norm = stats.k1 * (1 - stats.b + stats.b * self.lengths / stats.avgdl)
+            rows, tf = p
+            tf = tf.astype(np.float64)
+            out[rows] += idf[t] * tf / (tf + norm[rows])
+        return out.astype(np.float32)
+
+    @classmethod
+    def combine(cls, parts: Sequence[tuple[Segment, np.ndarray]], deleted: Mapping[str, int], dim: int,
+                token_dim: int, storage: str) -> Segment:
+        """One new segment of the kept documents (``parts``: segments in order, each with a bool keep mask over
+        its documents) and these deletes. Copies the kept rows once (token vectors as stored: no re-encoding)."""
+        docs: list[Document] = []
+        seqs: list[int] = []
+        chunks, vectors, tok_vectors, tok_scales, tok_lengths, lengths = [], [], [], [], [], []
+        postings: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        n_docs = n_chunks = 0
+        for seg, keep in parts:
+            kept = np.flatnonzero(keep)
+            if not len(kept):
+                continue
+            remap = np.full(len(seg.docs), -1, np.int64)
+            remap[kept] = np.arange(len(kept)) + n_docs
+            crows = np.flatnonzero(keep[seg.chunk_doc])
+            ch = seg.chunks[crows].copy()
+            ch["doc"] = remap[seg.chunk_doc[crows]]
+            chunks.append(ch)
+            vectors.append(seg.vectors[crows])
+            off = seg.tokens.offsets
+            sel = (off[1:] - off[:-1])[crows]
+            idx = _ranges(off[:-1][crows], sel)
+            tok_vectors.append(seg.tokens.vectors[idx])
+            if seg.tokens.scales is not None:
+                tok_scales.append(seg.tokens.scales[idx])
+            tok_lengths.append(sel)
+            lengths.append(seg.lengths[crows])
+            chunk_remap = np.full(len(seg.chunks), -1, np.int64)
+            chunk_remap[crows] = np.arange(len(crows)) + n_chunks
+            everything = len(crows) == len(seg.chunks)
+            for term, (rows, tf) in seg.postings.items():
+                r = chunk_remap[rows]
+                if not everything:
+                    m = r >= 0
+                    if not m.any():
+                        continue
+                    r, tf = r[m], tf[m]
+                postings.setdefault(term, []).append((r.astype(np.int32), tf))
+            docs.extend(seg.docs[i] for i in kept.tolist())
+            seqs.extend(seg.seqs[i] for i in kept.tolist())
+            n_docs += len(kept)
+            n_chunks += len(crows)
+        if not docs:
+            return cls.deletion(deleted, dim, token_dim, storage)
+        tok_len = np.concatenate(tok_lengths)
+        tokens = TokenStore(np.concatenate(tok_vectors), np.concatenate([[0], np.cumsum(tok_len)]).astype(np.int64),
+                            np.concatenate(tok_scales) if tok_scales else None)
+        merged = {t: v[0] if len(v) == 1 else (np.concatenate([r for r, _ in v]), np.concatenate([f for _, f in v]))
+                  for t, v in postings.items()}
+        return cls(tuple(docs), np.concatenate(chunks), np.concatenate(vectors), tokens, merged,
+                   np.concatenate(lengths), tuple(seqs), dict(deleted))
+
+
+def _merge(a: Segment, b: Segment, dead_a: frozenset[int], dead_b: frozenset[int], dim: int, token_dim: int,
+           storage: str) -> Segment:
+    """Consecutive segments ``a`` then ``b`` as one, without their dead rows; a delete in ``a`` that ``b``
+    overrides (writes the id again) is dropped."""
+    def keep(seg: Segment, dead: frozenset[int]) -> np.ndarray:
+        mask = np.ones(len(seg.docs), bool)
+        if dead:
+            mask[list(dead)] = False
+        return mask
+    deleted = {i: s for i, s in a.deleted.items() if i not in b.row_of and i not in b.deleted}
+    deleted.update(b.deleted)
+    return Segment.combine([(a, keep(a, dead_a)), (b, keep(b, dead_b))], deleted, dim, token_dim, storage)
+
+
+def _compact(segments: list[Segment], dead: list[frozenset[int]], dim: int, token_dim: int,
+             storage: str) -> None:
+    """The merge rule (binary counter), in place: merge the last two segments while the last holds more than
+    half as many entries as the one before it."""
+    while len(segments) >= 2 and 2 * segments[-1].size > segments[-2].size:
+        m = _merge(segments[-2], segments[-1], dead[-2], dead[-1], dim, token_dim, storage)
+        segments[-2:] = [m]
+        dead[-2:] = [frozenset()]
+
+
+@dataclass(frozen=True, eq=False)
+class BufferState:
+    """An immutable write buffer: the documents written since the snapshot, as segments (see the module doc).
+
+    ``dead[j]``: the rows of ``segments[j]`` that a later write in the buffer superseded or deleted (never
+    served). ``live_docs``: the buffered documents that are served; ``pending``: the distinct ids written since
+    the snapshot (what a rebuild would apply); ``seq``: the store's sequence number this state reflects."""
+
+    segments: tuple[Segment, ...]
+    dead: tuple[frozenset[int], ...]
+    seq: int
+    live_docs: int
+    pending: int
+    dim: int
+    token_dim: int
+    storage: str
+
+    @classmethod
+    def empty(cls, dim: int, seq: int, *, token_dim: int | None = None, storage: str = "int8") -> BufferState:
+        return cls((), (), seq, 0, 0, dim, dim if token_dim is None else token_dim, storage)
+
+    # ------------------------------------------------------------------ index space (lazy, per state)
+
+    @cached_property
+    def doc_offsets(self) -> list[int]:
+        """Where each segment's documents start in the buffer's document space (and the total, last)."""
+        out = [0]
+        for s in self.segments:
+            out.append(out[-1] + len(s.docs))
+        return out
+
+    @cached_property
+    def chunk_offsets(self) -> list[int]:
+        out = [0]
+        for s in self.segments:
+            out.append(out[-1] + len(s.chunks))
+        return out
+
+    @property
+    def n_docs(self) -> int:
+        """Buffered document rows (dead ones included: the index space)."""
+        return self.doc_offsets[-1]
+
+    @property
+    def n_chunks(self) -> int:
+        return self.chunk_offsets[-1]
+
+    @cached_property
+    def docs(self) -> Sequence[Document]:
+        """Every buffered document row in index order (dead ones included: mask them with :attr:`live_mask`)."""
+        return _SegmentDocs(self)
+
+    @cached_property
+    def chunk_doc(self) -> np.ndarray:
+        """int64 [n_chunks]: each buffered chunk's document (buffer numbering)."""
+        parts = [s.chunk_doc + off for s, off in zip(self.segments, self.doc_offsets, strict=False)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    @cached_property
+    def starts(self) -> np.ndarray:
+        """int64 [n_docs]: each buffered document's first chunk (buffer numbering)."""
+        parts = [s.starts + off for s, off in zip(self.segments, self.chunk_offsets, strict=False)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    @cached_property
+    def live_mask(self) -> np.ndarray:
+        """bool [n_docs]: the rows that are served."""
+        mask = np.ones(self.n_docs, bool)
+        for dead, off in zip(self.dead, self.doc_offsets, strict=False):
+            if dead:
+                mask[[off + r for r in dead]] = False
+        return mask
+
+    @cached_property
+    def hidden(self) -> Mapping[str, int]:
+        """id -> sequence number of its last write since the snapshot (upsert or delete)."""
+        out: dict[str, int] = {}
+        for s in self.segments:
+            out.update(zip((d.id for d in s.docs), s.seqs, strict=True))
+            out.update(s.deleted)
+        return out
+
+    def filter_mask(self, f: Filter) -> np.ndarray:
+        """bool [n_docs]: the served buffered documents that pass ``f``."""
+        parts = [s.filter_mask(f) for s in self.segments]
+        return (np.concatenate(parts) if parts else np.zeros(0, bool)) & self.live_mask
+
+    def locate_chunk(self, chunk: int) -> tuple[Segment, int, int]:
+        """(segment, its index, the chunk's row in it) of a buffered chunk (buffer numbering)."""
+        j = bisect.bisect_right(self.chunk_offsets, chunk) - 1
+        return self.segments[j], j, chunk - self.chunk_offsets[j]
+
+    def find(self, doc_id: str) -> tuple[int, int] | None:
+        """The latest write of ``doc_id`` in the buffer: (segment, row), row -1 for a delete; None if none.
+        The row found is live (a later write would be found first)."""
+        for j in range(len(self.segments) - 1, -1, -1):
+            s = self.segments[j]
+            row = s.row_of.get(doc_id)
+            if row is not None:
+                return j, row
+            if doc_id in s.deleted:
+                return j, -1
+        return None
+
+    def growth(self, ids: Iterable[str]) -> int:
+        """How many more documents would be buffered after upserting these ids (not already live here)."""
+        n = 0
+        for i in ids:
+            hit = self.find(i)
+            n += hit is None or hit[1] < 0
+        return n
+
+    # ------------------------------------------------------------------ new states
+
+    def _add(self, seg: Segment, ids: Sequence[str]) -> BufferState:
+        """This state with ``seg`` appended (its writes supersede every earlier version of their ids): O(ids x
+        segments), plus the merges the rule asks for."""
+        kills: dict[int, set[int]] = {}
+        new_ids = 0
+        for i in ids:
+            hit = self.find(i)
+            if hit is None:
+                new_ids += 1
+            elif hit[1] >= 0:
+                kills.setdefault(hit[0], set()).add(hit[1])
+        dead = list(self.dead)
+        for j, rows in kills.items():
+            dead[j] = dead[j] | rows
+        segments = [*self.segments, seg]
+        dead.append(frozenset())
+        killed = sum(len(r) for r in kills.values())
+        seq = max(self.seq, *seg.seqs, *seg.deleted.values())
+        _compact(segments, dead, self.dim, self.token_dim, self.storage)
+        return BufferState(tuple(segments), tuple(dead), seq, self.live_docs - killed + len(seg.docs),
+                           self.pending + new_ids, self.dim, self.token_dim, self.storage)
+
+    def plus(self, enc: Encoded, seqs: Sequence[int]) -> BufferState:
+        """Add (or replace) documents written with these sequence numbers (one per document of ``enc``)."""
+        return self._add(Segment.of(enc, seqs), [d.id for d in enc.docs])
+
+    def minus(self, deleted: Mapping[str, int]) -> BufferState:
+        """Remove documents deleted at these sequence numbers (id -> seq)."""
+        if not deleted:
+            return self
+        return self._add(Segment.deletion(deleted, self.dim, self.token_dim, self.storage), list(deleted))
+
+    def with_seq(self, seq: int) -> BufferState:
+        return replace(self, seq=max(self.seq, seq))
+
+    def after(self, seq: int) -> BufferState:
+        """What stays buffered once a snapshot covering ``seq`` is served: the writes after ``seq`` (the others are
+        in the snapshot), in segments without dead rows."""
+        kept: list[Segment] = []
+        for seg, dead in zip(self.segments, self.dead, strict=True):
+            keep = np.fromiter((s > seq for s in seg.seqs), bool, len(seg.docs))
+            if dead:
+                keep[list(dead)] = False
+            deleted = {i: s for i, s in seg.deleted.items() if s > seq}
+            if keep.all() and len(deleted) == len(seg.deleted):
+                kept.append(seg)  # untouched: shared with this state
+            elif keep.any() or deleted:
+                kept.append(Segment.combine([(seg, keep)], deleted, self.dim, self.token_dim, self.storage))
+        segments: list[Segment] = []
+        dead_out: list[frozenset[int]] = []
+        for seg in kept:  # the sizes changed: restore the merge rule
+            segments.append(seg)
+            dead_out.append(frozenset())
+            _compact(segments, dead_out, self.dim, self.token_dim, self.storage)
+        ids: set[str] = set()
+        for seg in segments:
+            ids.update(seg.ids())
+        return BufferState(tuple(segments), tuple(dead_out), self.seq, sum(len(s.docs) for s in segments), len(ids),
+                           self.dim, self.token_dim, self.storage)
+
+
+class _SegmentDocs(Sequence[Document]):
+    """The buffer's documents in index order, read through the segments (no copy)."""
+
+    def __init__(self, state: BufferState) -> None:
+        self.state = state
+
+    def __len__(self) -> int:
+        return self.state.n_docs
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        offsets = self.state.doc_offsets
+        j = bisect.bisect_right(offsets, i) - 1
+        return self.state.segments[j].docs[i - offsets[j]]
+
+
+class _Concat(Sequence[Document]):
+    """Two sequences seen as one, without copying (the snapshot's documents, then the buffer's)."""
+
+    def __init__(self, a: Sequence[Document], b: Sequence[Document]) -> None:
+        self.a, self.b = a, b
+
+    def __len__(self) -> int:
+        return len(self.a) + len(self.b)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        return self.a[i] if i < len(self.a) else self.b[i - len(self.a)]
+
+
+def _merge_hits(base: Hits, buf: Hits, nb: int, nbc: int, k: int) -> Hits:
+    """The top ``k`` of the snapshot's and the buffer's hits by score (ties: the snapshot's first, then each list's
+    own order, as one ranking over the concatenated index space would have them)."""
+    doc = np.concatenate([base.doc, buf.doc + nb])
+    sc = np.concatenate([base.scores, buf.scores]).astype(np.float32)
+    ch = np.concatenate([base.chunk, buf.chunk + nbc])
+    order = np.argsort(-sc, kind="stable")[:k]
+    return Hits(doc[order], sc[order], ch[order])
+
+
+class LiveView:
+    """One snapshot + one buffer state, with the interface the pipeline and the server read (see the module doc).
+
+    Making one is O(1) in the buffer's and the snapshot's size; the arrays that combine both are computed when
+    a query first reads them (pure, so two threads racing on one compute the same value)."""
+
+    def __init__(self, base: SearchIndex, state: BufferState, storage: str | None = None) -> None:
+        self.base = base
+        self.state = state
+        self.snapshot = base.snapshot
+        self.n_base_docs = len(base.documents)
+        self.n_base_chunks = len(base.chunks)
+        self.documents = _Concat(base.documents, state.docs)
+        self.filters = _LiveFilters(self)
+        self.bm25 = _LiveBM25(self)
+        self.dense = _LiveDense(self) if base.dense is not None else None
+        self.late = _LiveLate(self) if base.late is not None else None
+        self.token_encoder = base.token_encoder
+
+    @cached_property
+    def chunk_doc(self) -> np.ndarray:
+        if not self.state.n_chunks:
+            return self.base.chunk_doc
+        return np.concatenate([self.base.chunk_doc, self.state.chunk_doc + self.n_base_docs])
+
+    @cached_property
+    def starts(self) -> np.ndarray:
+        if not self.state.n_docs:
+            return self.base.starts
+        return np.concatenate([self.base.starts, self.state.starts + self.n_base_chunks])
+
+    @cached_property
+    def base_visible(self) -> np.ndarray:
+        """bool [n_snapshot_docs]: the snapshot's documents that no buffered write hides."""
+        visible = np.ones(self.n_base_docs, dtype=bool)
+        for seg in self.state.segments:
+            visible[seg.base_rows(self.base)] = False
+        return visible
+
+    @cached_property
+    def _base_visible_chunks(self) -> np.ndarray:
+        return self.base_visible[self.base.chunk_doc]
+
+    @cached_property
+    def visible_masks(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(document mask, chunk mask) of everything this view serves; None when nothing is hidden."""
+        st = self.state
+        if not st.segments:
+            return None
+        return (np.concatenate([self.base_visible, st.live_mask]),
+                np.concatenate([self._base_visible_chunks, st.live_mask[st.chunk_doc]]))
+
+    @property
+    def generation(self) -> int:
+        return self.base.generation
+
+    @property
+    def dense_error(self) -> str | None:
+        return self.base.dense_error
+
+    @property
+    def buffered(self) -> int:
+        return self.state.live_docs
+
+    def passage(self, chunk: int) -> str:
+        if chunk < self.n_base_chunks:
+            return self.base.passage(chunk)
+        seg, _, row = self.state.locate_chunk(chunk - self.n_base_chunks)
+        c = seg.chunks[row]
+        return seg.docs[c["doc"]].text[c["start"]:c["end"]]
+
+    def passage_with_title(self, chunk: int) -> str:
+        if chunk < self.n_base_chunks:
+            return self.base.passage_with_title(chunk)
+        seg, _, row = self.state.locate_chunk(chunk - self.n_base_chunks)
+        return chunk_passages(seg.docs, seg.chunks[row].reshape(1))[0]
+
+
+class _LiveFilters:
+    def __init__(self, view: LiveView) -> None:
+        self.view = view
+
+    def masks(self, f: Filter) -> tuple[np.ndarray, np.ndarray] | None:
+        v = self.view
+        base = v.base.filters.masks(f)
+        if base is None:
+            return v.visible_masks
+        st = v.state
+        if not st.segments:
+            return base
+        buf = st.filter_mask(f)
+        return (np.concatenate([base[0] & v.base_visible, buf]),
+                np.concatenate([base[1] & v._base_visible_chunks, buf[st.chunk_doc]]))
+
+
+class _LiveBM25:
+    def __init__(self, view: LiveView) -> None:
+        self.view = view
+        self.analyzer = view.base.bm25.analyzer
+
+    def search(self, query: str, k: int, doc_mask: np.ndarray | None = None) -> Hits:
+        v = self.view
+        st = v.state
+        if doc_mask is None and (m := v.visible_masks) is not None:
+            doc_mask = m[0]
+        nb = v.n_base_docs
+        base = top_docs_from_chunk_scores(v.base.bm25.chunk_scores(query), v.base.starts, k,
+                                          valid=None if doc_mask is None else doc_mask[:nb], min_score=0.0)
+        if not st.n_chunks:
+            return base
+        stats = v.base.bm25_stats
+        terms = self.analyzer(query)
+        idf = {t: stats.idf(t) for t in set(terms)}
+        scores = np.concatenate([s.bm25(terms, idf, stats) for s in st.segments])
+        buf = top_docs_from_chunk_scores(scores, st.starts, k, valid=None if doc_mask is None else doc_mask[nb:],
+                                         min_score=0.0)
+        return _merge_hits(base, buf, nb, v.n_base_chunks, k)
+
+
+class _LiveDense:
+    def __init__(self, view: LiveView) -> None:
+        self.view = view
+
+    def search(self, query_vec: np.ndarray, k: int, doc_mask: np.ndarray | None = None,
+               chunk_mask: np.ndarray | None = None, *, exact: bool = False) -> Hits:
+        v = self.view
+        st = v.state
+        assert v.base.dense is not None
+        nb, nbc = v.n_base_docs, v.n_base_chunks
+        if doc_mask is None and (m := v.visible_masks) is not None:
+            doc_mask, chunk_mask = m
+        base = v.base.dense.search(query_vec, k, None if doc_mask is None else doc_mask[:nb],
+                                   None if chunk_mask is None else chunk_mask[:nbc], exact=exact)
+        if not st.n_chunks:
+            return base
+        q = np.asarray(query_vec, dtype=np.float32)
+        scores = np.concatenate([s.vectors @ q for s in st.segments])
+        buf = top_docs_from_chunk_scores(scores, st.starts, k, valid=None if doc_mask is None else doc_mask[nb:])
+        return _merge_hits(base, buf, nb, nbc, k)
+
+
+class _LiveLate:
+    def __init__(self, view: LiveView) -> None:
+        self.view = view
+
+    def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0) -> Reordering:
+        v = self.view
+        late = v.base.late
+        assert late is not None
+        head = np.asarray(chunks[:top_k], dtype=np.int64)
+        scores = np.zeros(len(head), dtype=np.float32)
+        in_base = head < v.n_base_chunks
+        if in_base.any():
+            scores[in_base] = maxsim_batch(query_tokens, late.vectors, late.offsets, head[in_base], late.scales)
+        buffered = np.flatnonzero(~in_base)
+        if len(buffered):
+            st = v.state
+            local = head[buffered] - v.n_base_chunks
+            offsets = np.asarray(st.chunk_offsets, np.int64)
+            seg_of = np.searchsorted(offsets, local, side="right") - 1
+            for j in np.unique(seg_of).tolist():
+                sel = seg_of == j
+                t = st.segments[j].tokens
+                scores[buffered[sel]] = maxsim_batch(query_tokens, t.vectors, t.offsets, local[sel] - offsets[j],
+                                                     t.scales)
+        return rerank_head(scores, len(chunks), weight)
+
+
+class LiveIndex:
+    """Writes through the store into a new buffer state and view; ``on_publish`` callbacks get every new view
+    (the pipeline sets its ``index`` to it)."""
+
+    def __init__(self, base: SearchIndex, store: DocumentStore, embedder: Embedder, token_encoder: TokenEncoder,
+                 config: AppConfig) -> None:
+        self.base = base
+        self.store = store
+        self.embedder = embedder
+        self.token_encoder = token_encoder
+        self.config = config
+        self.chunker = Chunker(embedder.files.tokenizer_path, config.chunking)
+        te = base.token_encoder or {}
+        self.storage = str(te.get("dtype", config.late_interaction.storage))
+        self._lock = threading.Lock()  # writers and the swap
+        self._rebuild_lock = threading.Lock()  # one rebuild at a time
+        self._models_lock = threading.Lock()  # makes the rebuild encoder once
+        self._listeners: list[Callable[[LiveView], None]] = []
+        self._write_listeners: list[Callable[[list[str]], None]] = []
+        self._rebuild_listeners: list[Callable[[float, bool], None]] = []
+        self._first_buffered: float | None = None
+        self._rebuild_embedder: Embedder | None = None
+        self._full = False  # an upsert found the buffer full: rebuild now
+        self._stop = threading.Event()
+        self._kick = threading.Event()  # wakes the auto-rebuild loop
+        self._auto: threading.Thread | None = None
+        self.rebuilds: list[dict[str, float]] = []  # seconds and covered sequence number of each rebuild
+        covered = int(base.snapshot.manifest.get("covered_seq", 0))
+        self.view = LiveView(base, BufferState.empty(embedder.dim, covered, token_dim=int(token_encoder.dim),
+                                                     storage=self.storage))
+        self.replay()
+
+    def on_publish(self, fn: Callable[[LiveView], None]) -> None:
+        self._listeners.append(fn)
+        fn(self.view)
+
+    def on_write(self, fn: Callable[[list[str]], None]) -> None:
+        """``fn(ids)`` after every acknowledged write, once its view is published (the semantic cache invalidates)."""
+        self._write_listeners.append(fn)
+
+    def on_rebuild(self, fn: Callable[[float, bool], None]) -> None:
+        """``fn(seconds, ok)`` after every rebuild attempt (the rebuild-duration metric)."""
+        self._rebuild_listeners.append(fn)
+
+    def _written(self, ids: list[str]) -> None:
+        for fn in self._write_listeners:
+            fn(ids)
+
+    def _publish(self, state: BufferState) -> None:
+        if state.segments:
+            self._first_buffered = self._first_buffered or time.monotonic()
+        else:
+            self._first_buffered = None
+        self.view = LiveView(self.base, state)
+        for fn in self._listeners:
+            fn(self.view)
+
+    def encode(self, docs: Sequence[Document], *, embedder: Embedder | None = None,
+               token_encoder: TokenEncoder | None = None) -> Encoded:
+        """Chunk and encode documents into a segment's contents (default: the writes' encoder,
+        :meth:`_write_models`)."""
+        if embedder is None or token_encoder is None:
+            embedder, token_encoder = self._write_models()
+        chunks = self.chunker.chunk(list(docs))
+        passages = chunk_passages(docs, chunks)
+        same_pass = isinstance(token_encoder, EmbedderTokens)
+        enc = embedder.encode(passages, with_tokens=same_pass)
+        tokens = enc.token_vectors if same_pass else token_encoder.encode_documents(passages)
+        assert tokens is not None
+        store = TokenStore.from_lists(tokens, int(token_encoder.dim), self.storage)  # once, for the segment's life
+        postings, lengths = build_postings(self.base.bm25.analyzer.batch(passages))
+        return Encoded(tuple(docs), chunks, enc.embeddings, store, postings, lengths)
+
+    def replay(self) -> int:
+        """Apply the store's writes newer than what is served (start-up); returns how many were applied.
+        Encodes with the serving encoder (nothing is being served yet) and is not held to ``max_buffered_docs``
+        (acknowledged writes must be served); a buffer past it asks for a rebuild at once."""
+        with self._lock:
+            state = self._apply(self.view.state, self.store.changes_since(self.view.state.seq))
+            applied = state.seq - self.view.state.seq
+            if applied:
+                self._publish(state)
+            if state.live_docs >= self.config.live.max_buffered_docs:
+                self._full = True
+        if applied:
+            log.info("replayed the writes up to sequence %d (%d documents buffered)", state.seq, state.live_docs)
+        return applied
+
+    def _apply(self, state: BufferState, changes: Sequence[Any]) -> BufferState:
+        if not changes:
+            return state
+        current = {c.id: c for c in changes}  # the last change per id decides
+        deleted = {i: c.seq for i, c in current.items() if c.op == "delete" or c.document is None}
+        upserts = [c for c in current.values() if c.op == "upsert" and c.document is not None]
+        if deleted:
+            state = state.minus(deleted)
+        if upserts:
+            enc = self.encode([c.document for c in upserts], embedder=self.embedder, token_encoder=self.token_encoder)
+            state = state.plus(enc, [c.seq for c in upserts])
+        return state.with_seq(changes[-1].seq)
+
+    def _check_room(self, state: BufferState, docs: Sequence[Document]) -> None:
+        limit = self.config.live.max_buffered_docs
+        if state.live_docs + state.growth(d.id for d in docs) > limit:
+            self._full = True
+            self._kick.set()
+            raise Overloaded(f"write buffer full: {state.live_docs} documents buffered (max {limit}); a rebuild is "
+                             "under way, retry later")
+
+    def upsert(self, documents: Sequence[Document | Mapping[str, Any]], *, tenant: str | None = None,
+               deadline: float | None = None) -> WriteResult:
+        """Write documents (all or nothing); returns once they are durable and searchable. ``deadline``: absolute
+        ``time.monotonic()`` seconds; when it passes before the commit, nothing is written (DeadlineExceeded).
+
+        Checked before any work: the batch size, its bytes, the deadline, each document, and room in the buffer
+        (Overloaded when ``live.max_buffered_docs`` would be passed)."""
+        n = len(documents)
+        if not n:
+            raise InvalidRequest("an upsert needs at least one document")
+        if n > MAX_BATCH:
+            raise InvalidRequest(f"{n} documents in one upsert; at most {MAX_BATCH} are allowed")
+        _check_deadline(deadline, "before it started")
+        docs: list[Document] = []
+        total = 0
+        seen: set[str] = set()
+        for i, d in enumerate(documents):
+            doc = validate_document(d, i)
+            total += _doc_bytes(doc)
+            if total > MAX_BATCH_BYTES:
+                raise InvalidRequest(f"the batch's documents hold more than {MAX_BATCH_BYTES} bytes of title, text "
+                                     f"and metadata (at document {i}); split it into smaller batches")
+            if doc.id in seen:  # the store refuses it too, but only after the encoding
+                raise InvalidRequest(f"document {i} ({doc.id!r}): the id appears twice in this batch")
+            seen.add(doc.id)
+            docs.append(doc)
+        self._check_room(self.view.state, docs)
+        encoded = self.encode(docs)  # slow part first, outside the lock; failure writes nothing
+        with self._lock:
+            _check_deadline(deadline, "before the commit")
+            state = self.view.state
+            self._check_room(state, docs)  # concurrent writers may have filled it meanwhile
+            result = self.store.upsert(docs, tenant=tenant)  # durable when this returns
+            seqs = list(range(result.seq - len(docs) + 1, result.seq + 1))  # one per document, in order
+            self._publish(state.plus(encoded, seqs))
+            self._written([d.id for d in docs])
+        return result
+
+    def delete(self, ids: Sequence[str], *, tenant: str | None = None, deadline: float | None = None) -> WriteResult:
+        """Delete the ids that exist (with ``tenant``: that are its); ``deadline`` as for :meth:`upsert`."""
+        if len(ids) > MAX_BATCH:
+            raise InvalidRequest(f"{len(ids)} ids in one delete; at most {MAX_BATCH} are allowed")
+        _check_deadline(deadline, "before it started")
+        with self._lock:
+            _check_deadline(deadline, "before the commit")
+            result = self.store.delete(ids, tenant=tenant)
+            if result.count:  # the store numbers the deleted ids in order; read them back to tombstone exactly
+                changes = [c for c in self.store.changes_since(result.seq - result.count) if c.op == "delete"]
+                self._publish(self.view.state.minus({c.id: c.seq for c in changes}))
+                self._written([c.id for c in changes])
+        return result
+
+    # ------------------------------------------------------------------ rebuild and swap
+
+    def rebuild(self, *, only_if_due: bool = False) -> BuildSummary | None:
+        """Build a new snapshot from the store (no lock held: writes and queries go on), then swap it in: the
+        buffer keeps only the writes the new snapshot does not cover. Returns None, building nothing, when the
+        store is empty or the served snapshot already covers every write (a rebuild that waited for another one
+        finds its work done); with ``only_if_due``, also when :meth:`rebuild_due` no longer holds once it has the
+        rebuild lock (the background loop).
+
+        The work runs on a fresh thread at ``live.rebuild_nice`` (Linux schedules threads by their own nice
+        value), so the queries being served keep their CPU; the caller waits for it."""
+        out: list[BuildSummary | None] = []
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            nice = self.config.live.rebuild_nice
+            if nice and hasattr(os, "setpriority"):
+                try:
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+                except OSError as e:  # not permitted here: rebuild at normal priority
+                    log.warning("cannot lower the rebuild thread's priority: %s", e)
+            try:
+                out.append(self._rebuild_now(only_if_due=only_if_due))
+            except BaseException as e:  # noqa: BLE001  (re-raised in the caller)
+                errors.append(e)
+
+        t0 = time.perf_counter()
+        t = threading.Thread(target=work, name="hybridrag-rebuild-work")
+        t.start()
+        t.join()
+        if not (out and out[0] is None):  # nothing to build: not a rebuild
+            for fn in self._rebuild_listeners:
+                fn(time.perf_counter() - t0, not errors)
+        if errors:
+            raise errors[0]
+        return out[0]
+
+    def _rebuild_now(self, *, only_if_due: bool = False) -> BuildSummary | None:
+        with self._rebuild_lock:
+            # Re-checked under the lock: a rebuild that waited for another one must not build the same snapshot.
+            if only_if_due and not self.rebuild_due():
+                return None
+            covered = int(self.base.snapshot.manifest.get("covered_seq", 0))
+            if self.store.last_seq() <= covered and not self.view.state.segments:
+                self._full = False
+                return None
+            t0 = time.perf_counter()
+            seq, docs = self.store.snapshot()
+            if not docs:
+                return None
+            root = self.base.snapshot.path.parent.parent
+            embedder, token_encoder = self._rebuild_models()
+            summary = build_snapshot(docs, root, self.config.build_config(), embedder, covered_seq=seq,
+                                     token_encoder=token_encoder)
+            new_base = SearchIndex.load(root, self.config, self.embedder)
+            with self._lock:
+                self.base = new_base
+                self._publish(self.view.state.after(seq))
+                self._full = False
+            seconds = time.perf_counter() - t0
+            self.rebuilds.append({"seconds": seconds, "covered_seq": float(seq), "documents": float(len(docs))})
+            log.info("rebuilt generation %d from the store (sequence %d, %d documents) in %.1f s; %d writes stay "
+                     "buffered", new_base.generation, seq, len(docs), seconds, self.view.state.live_docs)
+            return summary
+
+    def _rebuild_models(self) -> tuple[Embedder, TokenEncoder]:
+        """The rebuild's encoder: the same model with ``live.rebuild_threads`` ONNX threads (its own session, so
+        a rebuild cannot take every core from the queries being served)."""
+        threads = self.config.live.rebuild_threads
+        if not threads:
+            return self.embedder, self.token_encoder
+        with self._models_lock:
+            if self._rebuild_embedder is None:
+                cfg = self.config.embedder
+                # No CPU arena: it would keep the largest rebuild batch's activations (hundreds of MB) between
+                # rebuilds; measured in docs/results/hardening.md.
+                runtime = replace(cfg.runtime, intra_op_threads=threads, cpu_mem_arena=False)
+                self._rebuild_embedder = Embedder(replace(cfg, runtime=runtime), files=self.embedder.files)
+        tokens = EmbedderTokens(self._rebuild_embedder) if isinstance(self.token_encoder, EmbedderTokens) \
+            else self.token_encoder
+        return self._rebuild_embedder, tokens
+
+    def _write_models(self) -> tuple[Embedder, TokenEncoder]:
+        """The writes' encoder: the rebuild's (``live.rebuild_threads`` ONNX threads) when that is set, so a flood
+        of writes cannot take every core from the queries either; else the serving one."""
+        return self._rebuild_models()
+
+    def rebuild_due(self) -> bool:
+        lc = self.config.live
+        state = self.view.state
+        if self._full:
+            return True
+        if not state.pending:
+            return False
+        if lc.rebuild_after_writes and state.pending >= lc.rebuild_after_writes:
+            return True
+        age = 0.0 if self._first_buffered is None else time.monotonic() - self._first_buffered
+        return bool(lc.rebuild_after_s) and age >= lc.rebuild_after_s
+
+    def start_auto_rebuild(self) -> None:
+        """A background thread that rebuilds when the buffer is large, old or full enough (``[live]`` config)."""
+        def loop() -> None:
+            while not self._stop.is_set():
+                self._kick.wait(self.config.live.check_interval_s)
+                self._kick.clear()
+                if self._stop.is_set():
+                    break
+                try:
+                    if self.rebuild_due():
+                        self.rebuild(only_if_due=True)
+                except Exception:  # a failed rebuild must not stop serving: the buffer still answers
+                    log.exception("background rebuild failed; serving the previous generation and the buffer")
+        self._auto = threading.Thread(target=loop, name="hybridrag-rebuild", daemon=True)
+        self._auto.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._kick.set()
+        if self._auto is not None:
+            self._auto.join()

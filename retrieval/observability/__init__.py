@@ -1,0 +1,1 @@
+"""Tracing (OpenTelemetry spans per request and stage)."""

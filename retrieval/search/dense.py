@@ -1,0 +1,87 @@
+"""Dense first-stage retriever: faiss HNSW (inner product on unit vectors) with an exact-search path.
+
+Filters: the chunk mask goes to faiss as an ``IDSelectorBitmap`` so HNSW only returns allowed chunks. A very
+selective filter starves graph search (most neighbours are filtered out), so when the allowed fraction is below
+``exact_below`` -- or HNSW found fewer than k documents while more exist -- the search runs exactly over the
+allowed rows instead, which is cheap precisely because they are few. A filtered query thus returns k results
+whenever k exist.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+
+from index_builder.types import Hits
+from retrieval.search.aggregate import top_docs_from_chunk_hits, top_docs_from_chunk_scores
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """``ef_search``: HNSW beam width at query time (raised to the number of chunks asked for);
+    ``oversample``: chunks fetched per wanted document (documents have several chunks);
+    ``exact_below``: allowed fraction of the corpus under which a filtered query searches exactly."""
+
+    ef_search: int = 128
+    oversample: float = 3.0
+    exact_below: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.ef_search < 1 or self.oversample < 1 or not 0 <= self.exact_below <= 1:
+            raise ValueError(f"dense needs ef_search >= 1, oversample >= 1, 0 <= exact_below <= 1; got {self}")
+
+
+class DenseRetriever:
+    name = "dense"
+
+    def __init__(self, hnsw: faiss.Index | None, vectors: np.ndarray, chunk_doc: np.ndarray, starts: np.ndarray,
+                 config: DenseConfig = DenseConfig()) -> None:
+        self.hnsw = hnsw
+        self.vectors = vectors
+        self.chunk_doc = chunk_doc
+        self.starts = starts
+        self.config = config
+        self.n_chunks = len(chunk_doc)
+
+    def search(self, query_vec: np.ndarray, k: int, doc_mask: np.ndarray | None = None,
+               chunk_mask: np.ndarray | None = None, *, exact: bool = False) -> Hits:
+        """Top ``k`` documents for one unit query vector (float32 [dim])."""
+        q = np.ascontiguousarray(query_vec, dtype=np.float32).reshape(1, -1)
+        if exact or self.hnsw is None:
+            return self.exact(q[0], k, doc_mask)
+        n_allowed = self.n_chunks if chunk_mask is None else int(chunk_mask.sum())
+        if n_allowed == 0:
+            return Hits.empty()
+        if chunk_mask is not None and n_allowed < self.config.exact_below * self.n_chunks:
+            return self.exact_subset(q[0], k, chunk_mask)
+        want = min(n_allowed, math.ceil(k * self.config.oversample))
+        params = faiss.SearchParametersHNSW()
+        bitmap = None  # must outlive the searches: faiss reads it through a raw pointer
+        if chunk_mask is not None:
+            bitmap = np.packbits(chunk_mask, bitorder="little")
+            params.sel = faiss.IDSelectorBitmap(self.n_chunks, faiss.swig_ptr(bitmap))
+        n_docs_allowed = len(self.starts) if doc_mask is None else int(doc_mask.sum())
+        while True:
+            params.efSearch = max(self.config.ef_search, want)
+            scores, ids = self.hnsw.search(q, want, params=params)
+            hits = top_docs_from_chunk_hits(ids[0], scores[0], self.chunk_doc, k)
+            if len(hits) >= min(k, n_docs_allowed) or want >= n_allowed:
+                break
+            want = min(n_allowed, want * 2)  # many chunks of the same documents: look further
+        if len(hits) < min(k, n_docs_allowed) and chunk_mask is not None:
+            return self.exact_subset(q[0], k, chunk_mask)  # graph search starved by the filter
+        return hits
+
+    def exact(self, q: np.ndarray, k: int, doc_mask: np.ndarray | None = None) -> Hits:
+        """Exact inner-product search over every chunk (the ground truth HNSW is measured against)."""
+        scores = np.asarray(self.vectors) @ q
+        return top_docs_from_chunk_scores(scores, self.starts, k, valid=doc_mask)
+
+    def exact_subset(self, q: np.ndarray, k: int, chunk_mask: np.ndarray) -> Hits:
+        rows = np.flatnonzero(chunk_mask)
+        scores = np.asarray(self.vectors[rows]) @ q
+        order = np.argsort(-scores, kind="stable")
+        return top_docs_from_chunk_hits(rows[order], scores[order], self.chunk_doc, k)

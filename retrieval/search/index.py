@@ -1,0 +1,79 @@
+"""One immutable index generation: a verified snapshot with its retrievers and filter index.
+
+Requests take one reference to a :class:`SearchIndex` and use it from start to end; the live index (a later
+stage) swaps in a new one atomically while old requests finish on the old one.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from index_builder.analysis import Analyzer, AnalyzerConfig
+from index_builder.build import chunk_passages, expected_settings
+from index_builder.chunking import chunk_passage
+from index_builder.models import Embedder
+from index_builder.snapshot import LoadedSnapshot, load_snapshot
+from rerank.late_interaction import LateInteractionReranker
+from retrieval.config import AppConfig
+from retrieval.search.aggregate import doc_starts
+from retrieval.search.bm25 import BM25Retriever, BM25Stats
+from retrieval.search.dense import DenseRetriever
+from retrieval.search.filters import FilterIndex
+
+
+class SearchIndex:
+    def __init__(self, snapshot: LoadedSnapshot, config: AppConfig) -> None:
+        self.snapshot = snapshot
+        self.documents = snapshot.documents
+        self.chunks = snapshot.chunks
+        self.chunk_doc = snapshot.chunks["doc"].astype(np.int64)
+        self.starts = doc_starts(self.chunk_doc, len(self.documents))
+        analyzer = Analyzer(AnalyzerConfig(**{k: snapshot.manifest["analyzer"][k]
+                                              for k in ("stemmer", "stopwords", "lowercase")}))
+        self.bm25 = BM25Retriever(snapshot.bm25, analyzer, self.starts)
+        self.dense: DenseRetriever | None = None
+        if snapshot.vectors is not None and snapshot.hnsw is not None:
+            self.dense = DenseRetriever(snapshot.hnsw, snapshot.vectors, self.chunk_doc, self.starts, config.dense)
+        self.filters = FilterIndex(self.documents, self.chunk_doc)
+        self.late: LateInteractionReranker | None = None
+        if snapshot.token_vectors is not None and snapshot.token_offsets is not None:
+            self.late = LateInteractionReranker(snapshot.token_vectors, snapshot.token_offsets, snapshot.token_scales)
+        # Which model made the stored token vectors: late interaction serves only with a query encoder that matches.
+        self.token_encoder: dict | None = snapshot.manifest.get("models", {}).get("token_encoder")
+        self.doc_index = {d.id: i for i, d in enumerate(self.documents)}
+
+    @classmethod
+    def load(cls, root: str | Path, config: AppConfig, embedder: Embedder) -> SearchIndex:
+        """Load and verify the snapshot ``CURRENT`` points at, refusing one built with another model/analyzer."""
+        expected = expected_settings(config.build_config(), embedder)
+        snap = load_snapshot(Path(root), expected=expected, checksums=config.index.verify_checksums)
+        return cls(snap, config)
+
+    @cached_property
+    def bm25_stats(self) -> BM25Stats:
+        """This snapshot's BM25 statistics (avgdl from the manifest; recomputed for snapshots built before it was
+        recorded)."""
+        avgdl = self.snapshot.manifest.get("bm25", {}).get("avgdl")
+        if avgdl is None:
+            terms = self.bm25.analyzer.batch(chunk_passages(self.documents, self.chunks))
+            avgdl = float(np.mean([len(t) for t in terms])) if terms else 0.0
+        return BM25Stats.of(self.snapshot.bm25, avgdl)
+
+    @property
+    def generation(self) -> int:
+        return self.snapshot.generation
+
+    @property
+    def dense_error(self) -> str | None:
+        return self.snapshot.dense_error if self.dense is None else None
+
+    def passage(self, chunk: int) -> str:
+        c = self.chunks[chunk]
+        return self.documents[c["doc"]].text[c["start"]:c["end"]]
+
+    def passage_with_title(self, chunk: int) -> str:
+        doc = self.documents[self.chunks[chunk]["doc"]]
+        return chunk_passage(doc.title, self.passage(chunk))

@@ -1,0 +1,76 @@
+"""How the pipeline reaches its models: one cross-request micro-batcher per model role.
+
+Roles: query embedding (with the embedder's token states, which late interaction uses when no ColBERT model is
+configured), ColBERT query token encoding, and cross-encoder pair scoring. Each batcher runs its batches on a
+small dedicated model pool, apart from the BM25/faiss pool, so index work never queues behind a model batch.
+With batching disabled (``enabled = false`` per role) every request calls the model alone: the baseline the
+batching benchmark compares against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from index_builder.models import CrossEncoder, Embedder
+from index_builder.token_encoders import EmbedderTokens, TokenEncoder
+from rerank.cross_encoder import pairs_for
+from retrieval.config import BatchingConfig
+from retrieval.search.batching import MicroBatcher
+
+
+class ModelCalls:
+    def __init__(self, embedder: Embedder, token_encoder: TokenEncoder | None, cross_encoder: CrossEncoder | None,
+                 config: BatchingConfig) -> None:
+        self.embedder = embedder
+        self.token_encoder = token_encoder
+        self.cross_encoder = cross_encoder
+        self.executor = ThreadPoolExecutor(config.model_workers, thread_name_prefix="hybridrag-model")
+        self.embedder_tokens = isinstance(token_encoder, EmbedderTokens)
+        self.embed: MicroBatcher[str, tuple[np.ndarray, np.ndarray | None]] = MicroBatcher(
+            self._embed_batch, config.embed, executor=self.executor, name="embed")
+        self.query_tokens: MicroBatcher[str, np.ndarray] | None = None
+        if token_encoder is not None and not self.embedder_tokens:
+            self.query_tokens = MicroBatcher(token_encoder.encode_queries, config.query_tokens,
+                                             executor=self.executor, name="query_tokens")
+        self.pairs: MicroBatcher[tuple[str, str], float] | None = None
+        if cross_encoder is not None:
+            self.pairs = MicroBatcher(cross_encoder.score, config.cross_encoder, executor=self.executor,
+                                      name="cross_encoder")
+
+    @property
+    def batchers(self) -> list[MicroBatcher[Any, Any]]:
+        return [b for b in (self.embed, self.query_tokens, self.pairs) if b is not None]
+
+    def _embed_batch(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        enc = self.embedder.encode(texts, with_tokens=self.embedder_tokens)
+        tokens = enc.token_vectors or [None] * len(texts)
+        return [(enc.embeddings[i], None if tokens[i] is None else tokens[i].astype(np.float32))
+                for i in range(len(texts))]
+
+    async def embed_query(self, query: str) -> tuple[np.ndarray, np.ndarray | None, float]:
+        """The query's embedding, its embedder token vectors (None when ColBERT serves late interaction), and
+        its queue wait in ms."""
+        (vec, tokens), wait = await self.embed.submit_timed(query)
+        return vec, tokens, wait
+
+    async def encode_query_tokens(self, query: str) -> tuple[np.ndarray, float]:
+        assert self.query_tokens is not None
+        return await self.query_tokens.submit_timed(query)
+
+    async def score_pairs(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        assert self.pairs is not None
+        return np.asarray(await self.pairs.submit_many(pairs_for(query, passages)), dtype=np.float32)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return {b.name: b.snapshot() for b in self.batchers}
+
+    async def aclose(self) -> None:
+        for b in self.batchers:
+            await b.close()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=True)

@@ -1,0 +1,457 @@
+"""The retrieval pipeline over one index generation: validate, run the stages, report timings.
+
+First stage: BM25 and dense (embed + HNSW) run in parallel, each returning its top-N documents (best chunk per
+document), then RRF fuses them. If the dense side is unavailable (no HNSW index, embedder failure) BM25 serves
+alone and the result is marked degraded with the reason.
+Cascade: late interaction reorders the fused top ``li_top_k`` by MaxSim over each candidate passage's stored token
+vectors, then the cross-encoder reorders the top ``ce_top_k``; everything below a stage's head keeps its order.
+Scores are comparable only within the stage that produced them (``SearchResult.stages`` keeps each stage's list).
+
+Concurrency: the request logic is one coroutine, run on the pipeline's own event loop thread; BM25, faiss and
+MaxSim run on a bounded worker pool, model calls go through cross-request micro-batchers
+(:mod:`retrieval.search.model_calls`), so concurrent requests share ONNX runs. :meth:`Pipeline.search` is the blocking
+entry point (CLI, evaluation, worker threads), :meth:`Pipeline.search_async` the one for asyncio callers (the
+gRPC server); both run the same code.
+
+Semantic cache (:mod:`retrieval.search.semantic_cache`, when configured): the query is embedded first; a cached query of
+the same scope (filter and options) and generation whose embedding is at or above the threshold answers at once
+(``SearchResult.cache_hit``). Otherwise the search runs with that embedding and a complete (not degraded) result
+is cached.
+
+Deadlines: given an absolute deadline (``time.monotonic()`` seconds) or a configured budget, a request whose
+deadline has passed is refused (:class:`DeadlineExceeded`) before it starts; later, the cross-encoder and then
+late interaction are skipped when the time left is below their recent p95 latency, and the result says so.
+
+Tracing (:mod:`retrieval.observability.tracing`): ``hybridrag.search`` under the caller's current span, a child span per stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Coroutine, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Tracer
+from threadpoolctl import threadpool_limits
+
+from index_builder.errors import DeadlineExceeded, InvalidRequest
+from index_builder.models import CrossEncoder, Embedder
+from index_builder.token_encoders import TokenEncoder, identity, make_token_encoder
+from index_builder.types import Hits
+from rerank.cross_encoder import rerank_by_scores
+from rerank.late_interaction import Reordering
+from retrieval.config import AppConfig
+from retrieval.observability.tracing import NO_TRACER, child_span
+from retrieval.search.filters import Filter
+from retrieval.search.fusion import rrf
+from retrieval.search.index import SearchIndex
+from retrieval.search.model_calls import ModelCalls
+from retrieval.search.semantic_cache import SemanticCache
+
+log = logging.getLogger(__name__)
+
+FIRST_STAGES = ("bm25", "dense")
+RERANK_STAGES = ("late_interaction", "cross_encoder")
+STAGES = FIRST_STAGES + RERANK_STAGES
+NO_FILTER = Filter()
+T = TypeVar("T")
+
+
+def reorder(hits: Hits, r: Reordering) -> Hits:
+    """Apply a reranker's permutation; the head takes the reranker's scores, the tail keeps its own."""
+    scores = hits.scores[r.order].astype(np.float32)
+    head = ~np.isnan(r.scores)
+    scores[head] = r.scores[head]
+    return Hits(hits.doc[r.order], scores, hits.chunk[r.order])
+
+
+@dataclass
+class SearchResult:
+    """Final ranking plus what each stage returned, how long it took (ms) and what was skipped and why."""
+
+    hits: Hits
+    stages: dict[str, Hits] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    degraded: bool = False
+    generation: int = 0
+    index: Any = None  # the index generation (or live view) that served it: resolve doc/chunk ids against this one
+    query_vec: np.ndarray | None = None  # the query embedding, when the dense side ran
+    cache_hit: bool = False
+    cache_similarity: float = 0.0  # cosine to the cached query that answered (cache hits only)
+
+    def doc_ids(self) -> list[str]:
+        return [self.index.documents[d].id for d in self.hits.doc.tolist()]
+
+    def detached(self) -> SearchResult:
+        """This result with ``index`` replaced by a :class:`ResultView` of just its documents and passages: what
+        the semantic cache keeps. A cached result holding the live view itself pinned that view's whole write
+        buffer for the entry's lifetime (tens of MB per entry under a write load)."""
+        return dataclasses.replace(self, index=ResultView(self.index, self.hits))
+
+    def approx_bytes(self) -> int:
+        """Roughly what this result holds in memory (arrays, vector, and passages when detached), for byte-bounded
+        caches."""
+        n = self.hits.doc.nbytes * 3 + sum(h.doc.nbytes * 3 for h in self.stages.values())
+        n += 0 if self.query_vec is None else self.query_vec.nbytes
+        if isinstance(self.index, ResultView):
+            n += self.index.nbytes
+        return n + 512
+
+
+class ResultView:
+    """The part of an index generation (or live view) that one result needs: the documents and passages of its
+    hits, keyed by the same document and chunk numbers, so code reading ``result.index.documents[d]`` and
+    ``result.index.passage(c)`` works unchanged."""
+
+    def __init__(self, index: Any, hits: Hits) -> None:
+        docs, chunks = hits.doc.tolist(), hits.chunk.tolist()
+        self.documents = {d: index.documents[d] for d in docs}
+        self._passages = {c: index.passage(c) for c in chunks}
+        self.generation = index.generation
+        self.nbytes = sum(len(p) for p in self._passages.values()) + sum(
+            len(d.title) + 64 * (1 + len(d.metadata)) for d in self.documents.values())
+
+    def passage(self, chunk: int) -> str:
+        return self._passages[chunk]
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
+
+
+class StageLatency:
+    """Recent latencies per stage (a bounded window), for deadline decisions."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._ms: dict[str, deque[float]] = {}
+
+    def record(self, stage: str, ms: float) -> None:
+        self._ms.setdefault(stage, deque(maxlen=self.window)).append(ms)
+
+    def p95(self, stage: str) -> float:
+        """The stage's recent p95 in ms; 0.0 before it has run (an unknown stage is given the chance to run)."""
+        values = self._ms.get(stage)
+        return float(np.percentile(np.fromiter(values, dtype=np.float64), 95)) if values else 0.0
+
+
+class Pipeline:
+    def __init__(self, index: SearchIndex, embedder: Embedder, config: AppConfig,
+                 executor: Executor | None = None, cross_encoder: CrossEncoder | None = None,
+                 token_encoder: TokenEncoder | None = None, cache: SemanticCache | None = None,
+                 tracer: Tracer = NO_TRACER) -> None:
+        self.index = index
+        self.tracer = tracer
+        self.cache = cache
+        self.embedder = embedder
+        self.config = config
+        self.token_encoder = token_encoder or make_token_encoder(config.late_interaction, embedder)
+        self.cross_encoder = cross_encoder
+        self.models = ModelCalls(embedder, self.token_encoder, cross_encoder, config.batching)
+        self.latency = StageLatency(config.rerank.latency_window)
+        if config.first_stage.blas_threads > 0:  # process-wide (BLAS has one pool); see FirstStageConfig
+            threadpool_limits(limits=config.first_stage.blas_threads, user_api="blas")
+        self._own_executor = executor is None
+        self.executor = executor or ThreadPoolExecutor(config.first_stage.workers, thread_name_prefix="hybridrag")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, index_dir: str | Path, config: AppConfig, tracer: Tracer = NO_TRACER) -> Pipeline:
+        """Load the models the configuration names and the snapshot ``index_dir/CURRENT`` points at."""
+        embedder = Embedder(config.embedder)
+        index = SearchIndex.load(index_dir, config, embedder)
+        cross_encoder = CrossEncoder(config.cross_encoder) if config.cross_encoder.model else None
+        cache = SemanticCache(config.cache) if config.cache.enabled else None
+        return cls(index, embedder, config, cross_encoder=cross_encoder, cache=cache, tracer=tracer)
+
+    # ------------------------------------------------------------------ lifecycle and entry points
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=loop.run_forever, name="hybridrag-pipeline", daemon=True)
+                self._thread.start()
+                self._loop = loop
+            return self._loop
+
+    def _submit(self, coro: Coroutine[Any, Any, T]):
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+
+    def close(self) -> None:
+        with self._lock:
+            loop, thread, self._loop = self._loop, self._thread, None
+        if loop is not None and thread is not None:
+            asyncio.run_coroutine_threadsafe(self.models.aclose(), loop).result()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+        self.models.shutdown()
+        if self._own_executor:
+            self.executor.shutdown(wait=True)
+
+    def search(self, query: str, k: int = 10, **options: Any) -> SearchResult:
+        """Blocking search (thread-safe: concurrent callers' model calls are batched together)."""
+        if self._loop is not None and threading.current_thread() is self._thread:
+            raise RuntimeError("Pipeline.search blocks: call search_async from the pipeline's own loop")
+        return self._submit(self._search(query, k, **options)).result()
+
+    async def search_async(self, query: str, k: int = 10, **options: Any) -> SearchResult:
+        """Awaitable search for asyncio callers on any event loop (see :meth:`_search` for the options)."""
+        if asyncio.get_running_loop() is self._loop:
+            return await self._search(query, k, **options)
+        return await asyncio.wrap_future(self._submit(self._search(query, k, **options)))
+
+    def batcher_stats(self) -> dict[str, dict[str, Any]]:
+        return self.models.stats()
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(self, query: str, k: int, candidates: int, stages: Sequence[str], li_top_k: int, ce_top_k: int) -> None:
+        fs, rr = self.config.first_stage, self.config.rerank
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidRequest("query is empty")
+        if len(query) > fs.max_query_chars:
+            raise InvalidRequest(f"query is {len(query)} characters; at most {fs.max_query_chars} are allowed")
+        if not 1 <= k <= fs.max_k:
+            raise InvalidRequest(f"top_k must be in [1, {fs.max_k}], got {k}")
+        if not 1 <= candidates <= fs.max_candidates:
+            raise InvalidRequest(f"candidates must be in [1, {fs.max_candidates}], got {candidates}")
+        for name, value in (("li_top_k", li_top_k), ("ce_top_k", ce_top_k)):
+            if not 1 <= value <= rr.max_top_k:
+                raise InvalidRequest(f"{name} must be in [1, {rr.max_top_k}], got {value}")
+        if len(stages) > len(STAGES) or len(set(stages)) != len(stages):
+            raise InvalidRequest(f"stages must name each stage at most once ({len(stages)} given); allowed: "
+                                 f"{list(STAGES)}")
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown or not any(s in FIRST_STAGES for s in stages):
+            raise InvalidRequest(f"unknown stages or no first stage in {str(list(stages))[:200]}; allowed: "
+                                 f"{list(STAGES)} with at least one of {list(FIRST_STAGES)}")
+
+    def default_stages(self) -> tuple[str, ...]:
+        r = self.config.rerank
+        return FIRST_STAGES + (("late_interaction",) if r.late_interaction else ()) + (
+            ("cross_encoder",) if r.cross_encoder else ())
+
+    def embed_query(self, query: str) -> np.ndarray:
+        return self.embedder.embed([query])[0]
+
+    def late_interaction_unavailable(self, index: SearchIndex) -> str | None:
+        """Why late interaction cannot serve on ``index`` with the configured token encoder (None if it can)."""
+        if index.late is None:
+            return "the snapshot has no token vectors"
+        have = identity(index.token_encoder or {})
+        want = identity(self.token_encoder.describe())
+        if have != want:
+            return (f"the snapshot's token vectors come from {index.token_encoder and index.token_encoder.get('name')!r}, "
+                    f"the configured token encoder is {self.token_encoder.describe().get('name')!r} "
+                    "(run 'hybridrag index tokens')")
+        return None
+
+    # ------------------------------------------------------------------ the request
+
+    async def _in_pool(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def _search(self, query: str, k: int = 10, **options: Any) -> SearchResult:
+        """Run the stages for one query; returns the top ``k`` documents (fused unless one first stage is asked).
+
+        Options: ``filter``, ``candidates`` (top-N per first stage), ``stages``, ``exact_dense``, ``query_vec``,
+        ``li_top_k``, ``ce_top_k`` (the last ones default to the configuration), ``deadline`` (absolute
+        ``time.monotonic()`` seconds), ``use_cache=False`` (bypass the semantic cache).
+        """
+        with self.tracer.start_as_current_span("hybridrag.search", attributes={"top_k": k}) as span:
+            result = await self._run_stages(query, k, otel_context.get_current(), **options)
+            if span.is_recording():
+                span.set_attributes({"index.generation": result.generation, "cache_hit": result.cache_hit,
+                                     "degraded": result.degraded, "stages": list(result.stages),
+                                     "skipped": [f"{k}: {v}" for k, v in result.skipped.items()]})
+            return result
+
+    async def _run_stages(self, query: str, k: int, trace: otel_context.Context, *, filter: Filter = NO_FILTER,
+                          candidates: int | None = None, stages: Sequence[str] | None = None,
+                          exact_dense: bool = False, query_vec: np.ndarray | None = None, li_top_k: int | None = None,
+                          ce_top_k: int | None = None, deadline: float | None = None,
+                          use_cache: bool = True) -> SearchResult:
+        """The body of :meth:`_search`; ``trace`` is the parent of the stage spans."""
+        tracer = self.tracer
+        rr = self.config.rerank
+        stages = self.default_stages() if stages is None else tuple(stages)
+        candidates = candidates or max(self.config.first_stage.candidates, k)
+        li_top_k = rr.li_top_k if li_top_k is None else li_top_k
+        ce_top_k = rr.ce_top_k if ce_top_k is None else ce_top_k
+        self.validate(query, k, candidates, stages, li_top_k, ce_top_k)
+        if deadline is None and rr.budget_ms > 0:
+            deadline = time.monotonic() + rr.budget_ms / 1000.0
+        if deadline is not None and time.monotonic() >= deadline:
+            raise DeadlineExceeded("the request's deadline passed before it started")
+        t_total = time.perf_counter()
+        epoch = self.cache.epoch() if self.cache is not None else 0  # before reading the index: see SemanticCache.put
+        index = self.index  # one generation for the whole request
+        result = SearchResult(hits=Hits.empty(), generation=index.generation, index=index)
+        masks = index.filters.masks(filter)
+        doc_mask, chunk_mask = masks if masks is not None else (None, None)
+
+        want_li = "late_interaction" in stages
+        if want_li and (why := self.late_interaction_unavailable(index)):
+            result.skipped["late_interaction"] = why
+            want_li = False
+        want_ce = "cross_encoder" in stages
+        if want_ce and self.cross_encoder is None:
+            result.skipped["cross_encoder"] = "no cross-encoder model configured"
+            want_ce = False
+
+        def run_bm25() -> tuple[Hits, float]:
+            with child_span(tracer, "hybridrag.bm25", trace, {"candidates": candidates}):
+                t = time.perf_counter()
+                return index.bm25.search(query, candidates, doc_mask), _ms(t)
+
+        bm25_task = None
+        if "bm25" in stages and self.config.first_stage.parallel and "dense" in stages:
+            bm25_task = asyncio.ensure_future(self._in_pool(run_bm25))  # overlaps the embedding (wasted on a cache hit)
+        query_tokens: np.ndarray | None = None
+        scope = None
+        if self.cache is not None and use_cache and query_vec is None and "dense" in stages and index.dense is not None:
+            scope = ("retrieve", filter, k, candidates, stages, li_top_k, ce_top_k, exact_dense)
+            try:
+                with child_span(tracer, "hybridrag.embed", trace) as span:
+                    t = time.perf_counter()
+                    query_vec, query_tokens, result.timings_ms["embed_queue"] = await self.models.embed_query(query)
+                    result.timings_ms["embed"] = _ms(t)
+                    span.set_attribute("queue_wait_ms", result.timings_ms["embed_queue"])
+            except Exception:  # the normal path below degrades to BM25 and says why
+                log.exception("query embedding failed before the cache lookup")
+                scope = None
+            if query_vec is not None and scope is not None:
+                with child_span(tracer, "hybridrag.cache_lookup", trace) as span:
+                    t = time.perf_counter()
+                    hit = self.cache.lookup(scope, index.generation, query_vec, query)
+                    result.timings_ms["cache"] = _ms(t)
+                    span.set_attribute("hit", hit is not None)
+                if hit is not None:
+                    cached: SearchResult = hit.value
+                    result.timings_ms["total"] = _ms(t_total)
+                    return dataclasses.replace(cached, timings_ms=result.timings_ms, query_vec=query_vec,
+                                               cache_hit=True, cache_similarity=hit.similarity)
+
+        # ColBERT query tokens are encoded alongside the first stage (embedder tokens come with the embedding).
+        tokens_task = None
+        if want_li and self.models.query_tokens is not None:
+            tokens_task = asyncio.ensure_future(self.models.encode_query_tokens(query))
+        if "bm25" in stages and bm25_task is None:
+            result.stages["bm25"], result.timings_ms["bm25"] = await self._in_pool(run_bm25)
+
+        if "dense" in stages:
+            if index.dense is None:
+                result.skipped["dense"] = f"dense index unavailable: {index.dense_error}"
+                result.degraded = True
+            else:
+                try:
+                    if query_vec is not None and not (want_li and tokens_task is None and query_tokens is None):
+                        vec = query_vec
+                    else:
+                        with child_span(tracer, "hybridrag.embed", trace) as span:
+                            t = time.perf_counter()
+                            vec, query_tokens, wait = await self.models.embed_query(query)
+                            result.timings_ms["embed_queue"] = wait
+                            result.timings_ms["embed"] = _ms(t)
+                            span.set_attribute("queue_wait_ms", wait)
+                    result.query_vec = vec
+                    with child_span(tracer, "hybridrag.dense", trace, {"candidates": candidates, "exact": exact_dense}):
+                        t = time.perf_counter()
+                        result.stages["dense"] = await self._in_pool(
+                            lambda: index.dense.search(vec, candidates, doc_mask, chunk_mask, exact=exact_dense))
+                        result.timings_ms["dense"] = _ms(t)
+                except Exception as e:  # an embedder/faiss failure degrades to BM25 instead of failing the query
+                    log.exception("dense search failed; BM25 serves alone")
+                    result.skipped["dense"] = f"dense search failed: {e}"
+                    result.degraded = True
+        if bm25_task is not None:
+            result.stages["bm25"], result.timings_ms["bm25"] = await bm25_task
+
+        t = time.perf_counter()
+        ran = [s for s in FIRST_STAGES if s in result.stages]
+        if len(ran) == 1:
+            current = result.stages[ran[0]]
+        else:
+            with child_span(tracer, "hybridrag.fusion", trace):
+                current = self.fuse(result.stages["bm25"], result.stages["dense"])
+            result.timings_ms["fusion"] = _ms(t)
+            result.stages["fused"] = current
+
+        def left_ms() -> float:
+            return float("inf") if deadline is None else (deadline - time.monotonic()) * 1000.0
+
+        if want_li:
+            need_li, need_ce = self.latency.p95("late_interaction"), self.latency.p95("cross_encoder")
+            if want_ce and left_ms() < need_li + need_ce:
+                result.skipped["cross_encoder"] = (f"deadline: {left_ms():.0f} ms left, below the late_interaction + "
+                                                   f"cross_encoder p95 ({need_li:.0f} + {need_ce:.0f} ms)")
+                want_ce, result.degraded = False, True
+            if left_ms() < need_li:
+                result.skipped["late_interaction"] = (f"deadline: {left_ms():.0f} ms left, below the late_interaction "
+                                                      f"p95 ({need_li:.0f} ms)")
+                want_li, result.degraded = False, True
+        if want_li:
+            t = time.perf_counter()
+            with child_span(tracer, "hybridrag.late_interaction", trace, {"top_k": li_top_k}):
+                if tokens_task is not None:
+                    query_tokens, result.timings_ms["query_tokens_queue"] = await tokens_task
+                elif query_tokens is None:  # dense skipped or failed, or a vector was given: encode now
+                    _, query_tokens, _ = await self.models.embed_query(query)
+                assert index.late is not None and query_tokens is not None
+                head = current
+                current = reorder(current, await self._in_pool(index.late.rerank, query_tokens, head.chunk, li_top_k,
+                                                                 rr.li_weight))
+            result.stages["late_interaction"] = current
+            result.timings_ms["late_interaction"] = ms = _ms(t)
+            self.latency.record("late_interaction", ms)
+        elif tokens_task is not None:
+            tokens_task.cancel()
+        if want_ce and left_ms() < (need := self.latency.p95("cross_encoder")):
+            result.skipped["cross_encoder"] = (f"deadline: {left_ms():.0f} ms left, below the cross_encoder p95 "
+                                               f"({need:.0f} ms)")
+            want_ce, result.degraded = False, True
+        if want_ce:
+            t = time.perf_counter()
+            with child_span(tracer, "hybridrag.cross_encoder", trace, {"top_k": ce_top_k}):
+                passages = [index.passage_with_title(int(c)) for c in current.chunk[:ce_top_k]]
+                scores = await self.models.score_pairs(query, passages)
+                current = reorder(current, rerank_by_scores(scores, len(current), rr.ce_weight))
+            result.stages["cross_encoder"] = current
+            result.timings_ms["cross_encoder"] = ms = _ms(t)
+            self.latency.record("cross_encoder", ms)
+        result.hits = current.top(k)
+        result.timings_ms["total"] = _ms(t_total)
+        if scope is not None and self.cache is not None and not result.degraded:
+            keep = result.detached()
+            self.cache.put(scope, index.generation, query_vec, query, keep, result.doc_ids(), since=epoch,
+                           nbytes=keep.approx_bytes() + filter.nbytes)
+        return result
+
+    def fuse(self, bm25: Hits, dense: Hits) -> Hits:
+        """RRF of the two document rankings; each fused document keeps the chunk of the list that ranked it higher."""
+        f = self.config.fusion
+        ids, scores = rrf([bm25.doc, dense.doc], k=f.k, weights=[f.bm25_weight, f.dense_weight])
+        chunk_of: dict[int, int] = {}
+        rank_of: dict[int, float] = {}
+        for hits, w in ((bm25, f.bm25_weight), (dense, f.dense_weight)):
+            for rank, (d, c) in enumerate(zip(hits.doc.tolist(), hits.chunk.tolist(), strict=False), start=1):
+                contribution = w / (f.k + rank)
+                if contribution > rank_of.get(d, -1.0):
+                    rank_of[d], chunk_of[d] = contribution, c
+        chunks = np.array([chunk_of[d] for d in ids.tolist()], dtype=np.int64)
+        return Hits(ids, scores.astype(np.float32), chunks)

@@ -1,0 +1,115 @@
+"""Keep the benchmark scripts alive: a tiny run of each on real data (figures come from full runs, not here)."""
+
+import json
+
+import pytest
+
+from tests.helpers import CE_MODEL, REPO
+
+SCIFACT = REPO.parent / "shared" / "data" / "beir" / "scifact"
+
+
+@pytest.mark.skipif(not SCIFACT.exists(), reason="../shared/data/beir/scifact is absent")
+def test_bm25_speed_smoke(tmp_path):
+    pytest.importorskip("rank_bm25")
+    from bench.bm25_speed import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--dataset", str(SCIFACT), "--limit", "10", "--repeats", "1", "--json", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["bm25_speed"].values()
+    assert entry["queries"] == 10 and entry["bm25s"]["qps"] > 0 and entry["rank_bm25"]["qps"] > 0
+    assert "qps_ratio" in entry  # no speed assertion in tests: the full run's figure is in the README
+    assert abs(entry["bm25s"]["ndcg@10"] - entry["rank_bm25"]["ndcg@10"]) < 0.2  # same analysis, same k1/b
+
+
+def test_batching_bench_smoke(tmp_path, sample_index_dir):
+    from bench.batching import main
+
+    out = tmp_path / "bench.json"
+    sample = REPO / "data" / "sample"
+    assert main(["--index", str(sample_index_dir), "--dataset", str(sample), "--concurrency", "1,4",
+                 "--duration", "0.5", "--rounds", "1", "--limit", "8", "--json", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["batching"].values()
+    for level in ("1", "4"):
+        r = entry["levels"][level]
+        assert r["off"]["requests"] > 0 and r["on"]["requests"] > 0 and r["on"]["errors"] == 0
+        assert r["off"]["mean_batch_size"]["embed"] == 1.0 and "qps_ratio" in r
+
+
+
+
+@pytest.mark.skipif(not CE_MODEL.is_dir(), reason="../shared/models/ce-minilm-l6-beir-train is absent")
+def test_ce_latency_bench_smoke(tmp_path, sample_index_dir):
+    from bench.ce_latency import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--dataset", str(REPO / "data" / "sample"), "--split", "test", "--index", str(sample_index_dir),
+                 "--model", str(CE_MODEL), "--limit", "3", "--variants", "max_length 128", "--json", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["ce_latency"].values()
+    base = next(v for k, v in entry["variants"].items() if k.startswith("baseline"))
+    assert base["same_top_k_as_baseline"] == 1.0 and entry["variants"]["max_length 128"]["p50_ms"] > 0
+
+
+def test_live_bench_smoke(tmp_path):
+    from bench.live import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--corpus", str(REPO / "data" / "sample"), "--docs", "40", "--concurrency", "2", "--duration", "0.5",
+                 "--batch", "2", "--json", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["live"].values()
+    assert entry["idle"]["n"] > 0 and entry["during_rebuild"]["n"] > 0 and "p99_ratio" in entry
+    assert entry["writes"]["batch_1"]["docs_per_s"] > 0 and entry["writes"]["batch_2"]["ack_visible"]["n"] > 0
+
+
+def test_generate_bench_smoke(tmp_path, sample_index_dir):
+    from bench.generate import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--dataset", str(REPO / "data" / "sample"), "--index", str(sample_index_dir), "--queries", "2",
+                 "--top-k", "1", "--max-tokens", "4", "--warmup", "1", "--log-sources", "3", "--generate-log-sources",
+                 "2", "--load-seconds", "0.5", "--streams", "1", "--threads", "2", "--no-nice-compare", "--json",
+                 str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["generate"].values()
+    assert entry["generate"]["client_first_token"]["n"] == 2 and entry["generate"]["tokens_out_mean"] > 0
+    cache = entry["cache"]
+    assert cache["retrieve_cached"]["repeat"]["hit_rate"] == 1.0 and cache["retrieve_uncached"]["all"]["hit_rate"] == 0
+    assert cache["generate_cached"]["repeat"]["hit_rate"] == 1.0
+    assert entry["retrieve_under_generate"]["nice_10"]["n"] > 0
+
+
+def test_load_bench_smoke(tmp_path, sample_index_dir):
+    """Spawned server, two closed-loop levels, one open-loop rate: every figure present, nothing refused."""
+    from bench.load import main
+
+    out, plots = tmp_path / "bench.json", tmp_path / "plots"
+    assert main(["--index", str(sample_index_dir), "--dataset", str(REPO / "data" / "sample"), "--concurrency", "1,2",
+                 "--duration", "1", "--warmup", "0.5", "--calibration-seconds", "0.5", "--open-loop-rates", "5",
+                 "--no-baseline", "--json", str(out), "--plots", str(plots)]) == 0
+    (entry,) = json.loads(out.read_text())["load"].values()
+    assert entry["server"]["documents"] == 229
+    for level in ("1", "2"):
+        r = entry["closed_loop"][level]
+        assert r["ok"] > 0 and r["errors"] == {} and r["cache_hits"] == 0  # bypass_cache by default
+        assert {"bm25", "dense", "total"} <= set(r["stage_ms"]) and r["client_ceiling_qps"] > 0
+        assert r["client_cpu_util"] is not None and "client_headroom" in r
+    assert entry["ndcg@10"]["service_all"]["ndcg@10"] > 0 and entry["ndcg@10"]["service_all"]["queries"] > 0
+    o = entry["open_loop"]["5"]
+    assert o["sent"] == 5 and sum(o["status"].values()) == 5 and o["max_outstanding"] >= 1  # 5/s for 1 s, fixed
+    for name in ("load_sample.png", "load_sample_open.png"):
+        assert (plots / name).stat().st_size > 0
+
+
+def test_load_bench_open_loop_rejects_past_max_in_flight(tmp_path, sample_index_dir):
+    """A server admitting one request at a time, offered far more: some refused (RESOURCE_EXHAUSTED), some served."""
+    from bench.load import main
+
+    config = tmp_path / "one.toml"
+    config.write_text("[server]\nmax_in_flight = 1\n")
+    out = tmp_path / "bench.json"
+    assert main(["--index", str(sample_index_dir), "--config", str(config), "--dataset", str(REPO / "data" / "sample"),
+                 "--concurrency", "", "--duration", "1", "--warmup", "0.3", "--open-loop-rates", "150",
+                 "--no-baseline", "--json", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["load"].values()
+    status = entry["open_loop"]["150"]["status"]
+    assert status.get("RESOURCE_EXHAUSTED", 0) > 0 and status.get("OK", 0) > 0
+    assert entry["open_loop"]["150"]["rejected_p50_ms"] is not None

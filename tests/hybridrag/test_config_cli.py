@@ -1,0 +1,92 @@
+import json
+
+import pytest
+
+from hybridrag.cli import main
+from index_builder.errors import ConfigError
+from retrieval.config import load_config
+from tests.helpers import REPO
+
+
+def test_toml_env_and_overrides_layer_in_order(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("[fusion]\nk = 20\nbm25_weight = 0.5\n[dense]\nef_search = 64\n")
+    c = load_config(f, environ={"HYBRIDRAG_FUSION__K": "30"}, overrides={"dense": {"ef_search": 99}})
+    assert (c.fusion.k, c.fusion.bm25_weight, c.dense.ef_search) == (30.0, 0.5, 99)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[fusion]\nkk = 1\n", "unknown key"),
+        ("[fusion]\nk = -1\n", "k > 0"),
+        ("[dense]\nef_search = 'many'\n", "dense.ef_search: expected int"),
+        ("[fusion\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_is_refused_with_the_key_named(tmp_path, text, message):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(f, environ={})
+
+
+def test_cli_build_search_json_and_errors(tmp_path, capsys):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(json.dumps({"_id": f"d{i}", "title": f"Doc {i}", "text": t, "tenant": "t1"})
+                                for i, t in enumerate(["Solar panels convert sunlight into electricity.",
+                                                       "Bread rises because yeast produces carbon dioxide.",
+                                                       "The Nile is a long river in Africa."])) + "\n")
+    assert main(["build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"), "--quiet"]) == 0
+    assert "3 documents, 3 chunks" in capsys.readouterr().out
+    assert main(["search", "--index", str(tmp_path / "idx"), "--json", "-k", "1", "why does dough rise"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["hits"][0]["id"] == "d1" and result["hits"][0]["text"].startswith("Bread")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"_id": "a", "text": "ok"}\n{"_id": "a", "text": "again"}\n')
+    assert main(["build", "--corpus", str(bad), "--out", str(tmp_path / "idx2")]) == 2
+    assert f"{bad}:2: duplicate document id 'a'" in capsys.readouterr().err
+    assert main(["search", "--index", str(tmp_path / "nothing"), "q"]) == 2
+    assert "has no CURRENT" in capsys.readouterr().err
+
+
+def test_quickstart_builds_searches_and_generates(tmp_path, capsys):
+    """The README's main command, as written: the sample index, three answered queries, one generated answer from
+    the embedded llama.cpp server."""
+    assert main(["quickstart", "--out", str(tmp_path / "sample")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("total") >= 3 and "astro-001" in out  # the light-year passage answers the first question
+    generated = out.split("Generate: ", 1)[1]
+    assert "embedded llama.cpp" in generated and "sources: astro-001" in generated
+    assert "tokens in" in generated and "(no answer generated" not in out
+
+
+def test_train_card_appends_measured_test_figures(tmp_path, capsys):
+    """`hybridrag train card` (no torch needed) appends `hybridrag eval --json` figures to a model card."""
+
+    measured = REPO / "results" / "train" / "scifact-test-li-trained.json"
+    figures = json.loads(measured.read_text())["stages"]
+    (tmp_path / "README.md").write_text("# a model\n")
+    assert main(["train", "card", "--model", str(tmp_path), "--eval-json", str(measured)]) == 0
+    card = (tmp_path / "README.md").read_text()
+    assert card.startswith("# a model\n") and "## Test figures" in card
+    delta = figures["late_interaction"]["ndcg@10"] - figures["fused"]["ndcg@10"]
+    assert f"| scifact | test | late_interaction | {figures['late_interaction']['ndcg@10']:.4f} |" in card
+    assert f"{delta:+.4f}" in card
+
+
+def test_train_card_names_the_blend_weight_and_lists_first_stages_once(tmp_path):
+    """Two eval runs of one model (alone and blended at the dev-chosen ce_weight): two labelled rows, not two
+    identical-looking cross_encoder rows, and the shared first-stage rows once."""
+
+    results = REPO / "results" / "train"
+    runs = [results / "nfcorpus-test-ce-nfcorpus-retrieved.json", results / "nfcorpus-test-ce-nfcorpus-retrieved-w07.json"]
+    alone, blended = (json.loads(r.read_text()) for r in runs)
+    assert alone["config"]["rerank"]["ce_weight"] == 1.0 and blended["config"]["rerank"]["ce_weight"] == 0.7
+    (tmp_path / "README.md").write_text("# a model\n")
+    assert main(["train", "card", "--model", str(tmp_path), "--eval-json", *map(str, runs)]) == 0
+    card = (tmp_path / "README.md").read_text()
+    assert f"| nfcorpus | test | cross_encoder | {alone['stages']['cross_encoder']['ndcg@10']:.4f} |" in card
+    assert f"| nfcorpus | test | cross_encoder (ce_weight 0.7) | {blended['stages']['cross_encoder']['ndcg@10']:.4f} |" in card
+    assert card.count("| nfcorpus | test | fused |") == 1 and card.count("| nfcorpus | test | bm25 |") == 1
+

@@ -1,0 +1,42 @@
+import numpy as np
+
+from index_builder.chunking import ChunkConfig, Chunker
+from index_builder.types import Document
+from retrieval.search.aggregate import doc_starts, top_docs_from_chunk_scores
+
+TEXT = " ".join(f"word{i} is followed by another sentence number {i}." for i in range(120))
+
+
+def test_long_text_is_split_into_overlapping_word_aligned_windows(embedder):
+    chunker = Chunker(embedder.files.tokenizer_path, ChunkConfig(max_tokens=64, overlap=16))
+    spans = chunker.spans(TEXT)
+    assert len(spans) > 5
+    assert spans[0][0] == 0 and spans[-1][1] == len(TEXT)
+    tok = chunker.tokenizer
+    for (s1, e1), (s2, e2) in zip(spans, spans[1:], strict=False):
+        assert s1 < s2 < e1 < e2  # consecutive windows overlap and advance
+        assert TEXT[s2 - 1] == " " and (e1 == len(TEXT) or TEXT[e1] == " ")  # whole words
+    for s, e in spans:
+        assert len(tok.encode(TEXT[s:e], add_special_tokens=False).ids) <= 64 + 8  # a word may run over a little
+
+
+def test_short_text_is_one_chunk_and_chunks_map_to_documents(embedder):
+    chunker = Chunker(embedder.files.tokenizer_path, ChunkConfig(max_tokens=64, overlap=16))
+    docs = [Document("a", "short text"), Document("b", TEXT), Document("c", "another short one")]
+    chunks = chunker.chunk(docs)
+    assert chunks["doc"][0] == 0 and chunks["doc"][-1] == 2
+    assert (np.diff(chunks["doc"]) >= 0).all()  # grouped by document
+    assert (chunks["doc"] == 1).sum() == len(chunker.spans(TEXT))
+    assert (chunks[0]["start"], chunks[0]["end"]) == (0, len("short text"))
+
+
+def test_documents_score_as_their_best_chunk():
+    chunk_doc = np.array([0, 1, 1, 1, 2])
+    starts = doc_starts(chunk_doc, 3)
+    scores = np.array([0.5, 0.1, 0.9, 0.2, 0.7], dtype=np.float32)
+    hits = top_docs_from_chunk_scores(scores, starts, k=3)
+    assert hits.doc.tolist() == [1, 2, 0]
+    assert hits.chunk.tolist() == [2, 4, 0]
+    np.testing.assert_allclose(hits.scores, [0.9, 0.7, 0.5])
+    masked = top_docs_from_chunk_scores(scores, starts, k=3, valid=np.array([True, False, True]))
+    assert masked.doc.tolist() == [2, 0]

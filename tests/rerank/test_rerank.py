@@ -1,0 +1,97 @@
+"""Rerank stages on real data: MaxSim maths, the late-interaction stage over stored token vectors, the
+cross-encoder with the trained model from ../shared/models (skipped where that folder is absent)."""
+
+
+import numpy as np
+import pytest
+
+from index_builder.models import CrossEncoder, CrossEncoderConfig
+from rerank.maxsim import maxsim, maxsim_batch
+from retrieval.search.pipeline import Pipeline
+from tests.helpers import CE_MODEL
+
+
+def test_maxsim_batch_matches_a_brute_force_loop():
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(7, 16)).astype(np.float32)
+    lengths = [3, 0, 5, 1, 9]
+    vectors = rng.normal(size=(sum(lengths), 16)).astype(np.float16)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    rows = np.array([4, 0, 1, 2, 3])
+    expected = []
+    for r in rows:
+        doc = vectors[offsets[r]:offsets[r + 1]].astype(np.float32)
+        best = [max((float(qi @ dj) for dj in doc), default=None) for qi in q]
+        expected.append(0.0 if not len(doc) else sum(best))
+    np.testing.assert_allclose(maxsim_batch(q, vectors, offsets, rows), expected, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(maxsim(q, vectors[:3]), expected[1], rtol=1e-5)
+
+
+def test_late_interaction_reorders_only_the_head(pipeline):
+    res = pipeline.search("which planet has the largest volcano", k=30,
+                          stages=("bm25", "dense", "late_interaction"))
+    fused, li = res.stages["fused"], res.stages["late_interaction"]
+    top = pipeline.config.rerank.li_top_k
+    assert sorted(li.doc[:top].tolist()) == sorted(fused.doc[:top].tolist())  # same head, new order
+    assert li.doc[top:].tolist() == fused.doc[top:].tolist()  # the tail keeps its order
+    assert (np.diff(li.scores[:top]) <= 1e-6).all() and "late_interaction" in res.timings_ms
+
+
+def test_li_weight_blends_maxsim_with_the_fused_order(sample_index, embedder, config):
+    """``[rerank] li_weight``: 0 keeps the fused head, 1 is MaxSim alone, in between the served order is exactly
+    the blend of MaxSim with the fused positions (the function the trainers select the weight with)."""
+    import dataclasses
+
+    from index_builder.token_encoders import EmbedderTokens
+    from rerank.interpolation import blend_with_prior
+
+    query = "which planet has the largest volcano"
+    orders = {}
+    for w in (0.0, 0.5, 1.0):
+        cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, li_weight=w))
+        p = Pipeline(sample_index, embedder, cfg)
+        try:
+            res = p.search(query, k=30, stages=("bm25", "dense", "late_interaction"), use_cache=False)
+        finally:
+            p.close()
+        orders[w] = res.stages["late_interaction"].doc.tolist()
+        fused = res.stages["fused"]
+    top = config.rerank.li_top_k
+    assert orders[0.0] == fused.doc.tolist()
+    assert orders[1.0] != orders[0.0] and orders[0.5] not in (orders[0.0], orders[1.0])
+    late = sample_index.late
+    tokens = EmbedderTokens(embedder).encode_queries([query])[0]  # the default token encoder
+    pure = maxsim_batch(tokens, late.vectors, late.offsets, fused.chunk[:top], late.scales)
+    for w in (0.5, 1.0):
+        expected = fused.doc[:top][np.argsort(-blend_with_prior(pure, w), kind="stable")].tolist()
+        assert orders[w][:top] == expected and orders[w][top:] == fused.doc[top:].tolist()
+
+
+def test_weights_outside_0_1_are_refused():
+    from retrieval.config import RerankConfig
+
+    with pytest.raises(ValueError, match="ce_weight must be in \\[0, 1\\]"):
+        RerankConfig(ce_weight=1.5)
+
+
+def test_cross_encoder_stage_skipped_without_a_model_and_scores_with_one(sample_index, embedder, config):
+    p = Pipeline(sample_index, embedder, config)
+    res = p.search("how do bees find flowers", k=5, stages=("bm25", "dense", "cross_encoder"))
+    assert res.skipped["cross_encoder"] == "no cross-encoder model configured"
+    p.close()
+    if not CE_MODEL.is_dir():
+        pytest.skip("../shared/models/ce-minilm-l6-beir-train is absent")
+    ce = CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL)))
+    p = Pipeline(sample_index, embedder, config, cross_encoder=ce)
+    res = p.search("How do honeybees tell the hive where the nectar is?", k=10,
+                   stages=("bm25", "dense", "cross_encoder"))
+    p.close()
+    top = config.rerank.ce_top_k
+    fused, ce_hits = res.stages["fused"], res.stages["cross_encoder"]
+    assert sorted(ce_hits.doc[:top].tolist()) == sorted(fused.doc[:top].tolist())
+    passages = [sample_index.passage_with_title(int(c)) for c in fused.chunk[:top]]
+    query = "How do honeybees tell the hive where the nectar is?"
+    one_by_one = np.array([ce.score_pairs(query, [psg])[0] for psg in passages])
+    batched = ce.score_pairs(query, passages)
+    np.testing.assert_allclose(batched, one_by_one, atol=1e-4)  # batched (padded) equals one by one
+    assert sample_index.documents[ce_hits.doc[0]].id == "bio-012"
