@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built {len(stored)} documents in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     pipeline = Pipeline(SearchIndex.load(root / "index", config, embedder), embedder, config)
     live = LiveIndex(pipeline.index, store, embedder, pipeline.token_encoder, config)
-    live.on_publish(lambda view: setattr(pipeline, "index", view))
+    live.on_publish(pipeline.publish)
     result: dict[str, Any] = {"documents": len(stored), "concurrency": args.concurrency,
                               "rebuild_threads": config.live.rebuild_threads}
     try:

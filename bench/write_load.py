@@ -88,7 +88,7 @@ class Setup:
         build_snapshot(stored, root / "index", config.build_config(), embedder, covered_seq=seq)
         self.pipeline = Pipeline(SearchIndex.load(root / "index", config, embedder), embedder, config)
         self.live = live_cls(self.pipeline.index, self.store, embedder, self.pipeline.token_encoder, config)
-        self.live.on_publish(lambda view: setattr(self.pipeline, "index", view))
+        self.live.on_publish(self.pipeline.publish)
         if self.pipeline.cache is not None:
             self.live.on_write(self.pipeline.cache.invalidate_docs)
 

@@ -201,7 +201,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from retrieval.serving.grpc_service import load_api_keys, serve
+    from retrieval.app import serve
+    from retrieval.serving.grpc_service import load_api_keys
 
     overrides = _thread_overrides(args)
     if args.port is not None:

@@ -1,7 +1,7 @@
 """The project's error hierarchy.
 
-Every error a user can cause is one of these; the gRPC layer maps each class to one status code in one
-function, so messages must name the bad value and say what is allowed.
+The offline layer's errors (corpus, snapshot, model, configuration) and the base class of every error this
+project raises on purpose; the service's request and backend errors live in ``retrieval/errors.py``.
 """
 
 from __future__ import annotations
@@ -9,10 +9,6 @@ from __future__ import annotations
 
 class HybridRagError(Exception):
     """Base class of every error this project raises on purpose."""
-
-
-class InvalidRequest(HybridRagError, ValueError):
-    """The caller sent something we cannot serve (bad query, out-of-range option, malformed filter)."""
 
 
 class CorpusError(HybridRagError, ValueError):
@@ -37,35 +33,3 @@ class ModelError(HybridRagError):
 
 class ConfigError(HybridRagError, ValueError):
     """A configuration file or override is invalid."""
-
-
-class Unauthenticated(HybridRagError):
-    """No API key, or an unknown one (UNAUTHENTICATED)."""
-
-
-class PermissionDenied(HybridRagError):
-    """The key may not read or write that tenant's data, or that id (PERMISSION_DENIED)."""
-
-
-class IndexNotReady(HybridRagError):
-    """No index is loaded yet (the service answers UNAVAILABLE)."""
-
-
-class Overloaded(HybridRagError):
-    """Admission control refused the request (RESOURCE_EXHAUSTED)."""
-
-
-class DeadlineExceeded(HybridRagError):
-    """The request's deadline passed before it could start (DEADLINE_EXCEEDED)."""
-
-
-class BackendError(HybridRagError):
-    """A downstream backend (generation server, model runtime) failed."""
-
-
-class BackendUnavailable(BackendError):
-    """A backend cannot be reached, refused the connection, or answered 5xx/429 (UNAVAILABLE)."""
-
-
-class BackendTimeout(BackendError):
-    """A backend accepted the request but sent nothing within the read timeout (DEADLINE_EXCEEDED)."""

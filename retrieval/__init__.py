@@ -1,0 +1,27 @@
+"""hybridrag's service: search, the live index, generation, the front doors. The names most callers need are
+importable from here (loaded on first use, so ``import retrieval.errors`` stays cheap)::
+
+    from retrieval import Filter, Pipeline, RetrieverClient, SearchRequest, load_config
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "load_config": "retrieval.config", "AppConfig": "retrieval.config",
+    "Pipeline": "retrieval.search.pipeline", "SearchResult": "retrieval.search.pipeline",
+    "SearchRequest": "retrieval.search.request", "Filter": "retrieval.search.filters",
+    "SearchIndex": "retrieval.search.index", "IndexView": "retrieval.search.view",
+    "LiveIndex": "retrieval.live.live_index", "DocumentStore": "retrieval.live.store",
+    "RetrieverClient": "retrieval.serving.client", "AsyncRetrieverClient": "retrieval.serving.client",
+    "BackgroundServer": "retrieval.serving.grpc_service",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'retrieval' has no attribute {name!r}")

@@ -31,8 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from index_builder.errors import BackendUnavailable, ConfigError
+from index_builder.errors import ConfigError
 from index_builder.types import Document
+from retrieval.errors import BackendUnavailable
 
 SYSTEM = "You write one short search query that the given document answers. Reply with the query only."
 # Domain-neutral few-shot examples (written for this project, not taken from any dataset).

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from index_builder.errors import BackendError, BackendTimeout, BackendUnavailable
+from retrieval.errors import BackendError, BackendTimeout, BackendUnavailable
 from retrieval.generation.embedded import EmbeddedLLMConfig
 from retrieval.generation.prompt import DEFAULT_SYSTEM_PROMPT
 

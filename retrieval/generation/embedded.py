@@ -30,7 +30,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from index_builder.errors import BackendUnavailable, ConfigError
+from index_builder.errors import ConfigError
+from retrieval.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 

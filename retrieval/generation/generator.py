@@ -22,11 +22,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from index_builder.errors import ConfigError, DeadlineExceeded, InvalidRequest
+from index_builder.errors import ConfigError
+from retrieval.errors import DeadlineExceeded, InvalidRequest
 from retrieval.generation.backend import BackendConfig, ChatBackend, GenerationConfig, route
 from retrieval.generation.embedded import EmbeddedLLMServer, llama_server_available
 from retrieval.generation.prompt import ContextPassage, HeuristicCounter, TokenCounter, build_prompt, make_counter
-from retrieval.search.pipeline import NO_FILTER, Pipeline, SearchResult
+from retrieval.search.pipeline import Pipeline, SearchResult
+from retrieval.search.request import SearchRequest
 from retrieval.search.semantic_cache import SemanticCache
 
 log = logging.getLogger(__name__)
@@ -99,22 +101,28 @@ class Generator:
                                  f"{self.config.max_tokens}), got {requested}")
         return requested
 
-    async def generate(self, question: str, *, max_tokens: int = 0, deadline: float | None = None,
-                       use_cache: bool = True, **search: Any) -> AsyncIterator[Passages | Token | Stats]:
-        """Retrieve with ``search`` (the pipeline's options), then stream the answer (see the module docstring)."""
+    async def generate(self, request: SearchRequest | str, *, max_tokens: int = 0,
+                       **options: Any) -> AsyncIterator[Passages | Token | Stats]:
+        """Retrieve with ``request`` (its ``k`` 0 = the configured number of passages; a plain question takes the
+        request's fields as keywords), then stream the answer (see the module docstring)."""
         max_tokens = self.check_max_tokens(max_tokens)
-        k = search.pop("k", 0) or self.config.passages
+        if isinstance(request, str):
+            request = SearchRequest.of(request, options.pop("k", 0), **options)
+        elif options:
+            raise TypeError("pass either a SearchRequest or a question with options, not both")
+        request = self.pipeline.resolve(dataclasses.replace(request, k=request.k or self.config.passages))
+        question, deadline = request.query, request.deadline
         t0 = time.perf_counter()
         epoch = self.cache.epoch() if self.cache is not None else 0
-        result = await self.pipeline.search_async(question, k, deadline=deadline, use_cache=use_cache, **search)
+        result = await self.pipeline.search_async(request)
         retrieval_ms = (time.perf_counter() - t0) * 1000.0
         which = self.route_for(question)
         backend = self.backends[which]
         scope = None
-        if self.cache is not None and use_cache and result.query_vec is not None and not result.degraded:
-            scope = ("generate", search.get("filter"), k, tuple(search.get("stages") or ()), search.get("candidates"),
-                     search.get("li_top_k"), search.get("ce_top_k"), which, backend.model, max_tokens,
-                     self.config.temperature, self.config.stop, self._prompt_id)
+        if self.cache is not None and request.use_cache and result.query_vec is not None and not result.degraded:
+            scope = ("generate", request.filter, request.k, request.stages, request.candidates, request.li_top_k,
+                     request.ce_top_k, request.exact_dense, which, backend.model, max_tokens, self.config.temperature,
+                     self.config.stop, self._prompt_id)
             hit = self.cache.lookup(scope, result.generation, result.query_vec, question)
             if hit is not None:
                 cached: _CachedAnswer = hit.value  # its passages are the ones the answer was generated from
@@ -159,7 +167,7 @@ class Generator:
             cached = result.detached()  # not the view: a cached answer must not pin the write buffer it was read from
             self.cache.put(scope, result.generation, result.query_vec, question, _CachedAnswer(cached, text, stats),
                            result.doc_ids(), since=epoch,
-                           nbytes=cached.approx_bytes() + len(text) + search.get("filter", NO_FILTER).nbytes)
+                           nbytes=cached.approx_bytes() + len(text) + request.filter.nbytes)
         yield stats
 
     def _estimate_prompt_tokens(self, messages: list[dict[str, str]]) -> int:

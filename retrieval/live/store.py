@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from index_builder.corpus import parse_document
-from index_builder.errors import InvalidRequest, PermissionDenied
 from index_builder.types import Document
+from retrieval.errors import InvalidRequest, PermissionDenied
 
 MAX_BATCH = 1000
 # Bytes of one write batch (the serialised request): checked at the edge before any work. The gRPC message

@@ -16,8 +16,8 @@ from threading import Lock
 import numpy as np
 
 from index_builder.corpus import check_metadata_key, check_metadata_value, check_tenant
-from index_builder.errors import InvalidRequest
 from index_builder.types import Document
+from retrieval.errors import InvalidRequest
 
 MAX_FILTER_TERMS = 16
 # The filter-mask LRU is bounded in bytes (each entry holds a bool per document and per chunk), not only entries:

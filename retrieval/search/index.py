@@ -6,26 +6,45 @@ stage) swaps in a new one atomically while old requests finish on the old one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from index_builder.analysis import Analyzer, AnalyzerConfig
-from index_builder.build import chunk_passages, expected_settings
+from index_builder.build import BuildConfig, chunk_passages, expected_settings
 from index_builder.chunking import chunk_passage
 from index_builder.models import Embedder
 from index_builder.snapshot import LoadedSnapshot, load_snapshot
 from rerank.late_interaction import LateInteractionReranker
-from retrieval.config import AppConfig
 from retrieval.search.aggregate import doc_starts
 from retrieval.search.bm25 import BM25Retriever, BM25Stats
-from retrieval.search.dense import DenseRetriever
+from retrieval.search.dense import DenseConfig, DenseRetriever
 from retrieval.search.filters import FilterIndex
 
 
+@dataclass(frozen=True)
+class IndexConfig:
+    verify_checksums: bool = True  # sha256 every snapshot file at load (seconds for GBs of token vectors)
+
+
+class IndexSettings(Protocol):
+    """The configuration sections an index reads (``retrieval.config.AppConfig`` has them): what the snapshot must
+    have been built with, dense search, load checks."""
+
+    @property
+    def dense(self) -> DenseConfig: ...
+
+    @property
+    def index(self) -> IndexConfig: ...
+
+    def build_config(self) -> BuildConfig: ...
+
+
 class SearchIndex:
-    def __init__(self, snapshot: LoadedSnapshot, config: AppConfig) -> None:
+    def __init__(self, snapshot: LoadedSnapshot, config: IndexSettings) -> None:
         self.snapshot = snapshot
         self.documents = snapshot.documents
         self.chunks = snapshot.chunks
@@ -46,7 +65,7 @@ class SearchIndex:
         self.doc_index = {d.id: i for i, d in enumerate(self.documents)}
 
     @classmethod
-    def load(cls, root: str | Path, config: AppConfig, embedder: Embedder) -> SearchIndex:
+    def load(cls, root: str | Path, config: IndexSettings, embedder: Embedder) -> SearchIndex:
         """Load and verify the snapshot ``CURRENT`` points at, refusing one built with another model/analyzer."""
         expected = expected_settings(config.build_config(), embedder)
         snap = load_snapshot(Path(root), expected=expected, checksums=config.index.verify_checksums)
@@ -65,6 +84,10 @@ class SearchIndex:
     @property
     def generation(self) -> int:
         return self.snapshot.generation
+
+    @property
+    def buffered(self) -> int:
+        return 0  # a bare snapshot: nothing written since
 
     @property
     def dense_error(self) -> str | None:

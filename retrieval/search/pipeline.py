@@ -33,38 +33,127 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Tracer
 from threadpoolctl import threadpool_limits
 
-from index_builder.errors import DeadlineExceeded, InvalidRequest
-from index_builder.models import CrossEncoder, Embedder
-from index_builder.token_encoders import TokenEncoder, identity, make_token_encoder
+from index_builder.models import CrossEncoder, CrossEncoderConfig, Embedder, EmbedderConfig
+from index_builder.token_encoders import TokenEncoder, TokenEncoderConfig, identity, make_token_encoder
 from index_builder.types import Hits
 from rerank.cross_encoder import rerank_by_scores
 from rerank.late_interaction import Reordering
-from retrieval.config import AppConfig
+from retrieval.errors import DeadlineExceeded
 from retrieval.observability.tracing import NO_TRACER, child_span
-from retrieval.search.filters import Filter
-from retrieval.search.fusion import rrf
-from retrieval.search.index import SearchIndex
-from retrieval.search.model_calls import ModelCalls
-from retrieval.search.semantic_cache import SemanticCache
+from retrieval.search.fusion import FusionConfig, rrf
+from retrieval.search.index import IndexSettings, SearchIndex
+from retrieval.search.model_calls import BatchingConfig, ModelCalls
+from retrieval.search.request import FIRST_STAGES, SearchRequest
+from retrieval.search.semantic_cache import SemanticCache, SemanticCacheConfig
+from retrieval.search.view import IndexView
 
 log = logging.getLogger(__name__)
 
-FIRST_STAGES = ("bm25", "dense")
-RERANK_STAGES = ("late_interaction", "cross_encoder")
-STAGES = FIRST_STAGES + RERANK_STAGES
-NO_FILTER = Filter()
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class FirstStageConfig:
+    """``candidates``: top-N taken from each retriever before fusion; ``max_k``/``max_candidates``: request limits."""
+
+    candidates: int = 100
+    max_k: int = 100
+    max_candidates: int = 1000
+    max_query_chars: int = 2048
+    parallel: bool = True  # BM25 and dense search run concurrently in the worker pool
+    workers: int = 4
+    # BLAS threads for the pipeline's numpy work (MaxSim): its small matrix products gain nothing from threads,
+    # and OpenBLAS's idle threads spin and steal the encoder's cores (pipeline p50 on SciFact: 48 ms with the
+    # default threads, 24 ms with 1). 0 leaves the process setting alone.
+    blas_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.candidates <= self.max_candidates:
+            raise ValueError(f"candidates must be in [1, {self.max_candidates}], got {self.candidates}")
+
+
+@dataclass(frozen=True)
+class RerankConfig:
+    """The cascade after fusion: late interaction (MaxSim over stored token vectors) reorders the top
+    ``li_top_k``, then the cross-encoder reorders the top ``ce_top_k``. ``max_top_k``: the largest K a request
+    may ask for.
+
+    Defaults from the tuning splits (SciFact train, NFCorpus dev; README: Results): late interaction with the
+    embedder's own token vectors raised the fused list on both (+0.006, +0.009), so it is on; the shipped
+    cross-encoder lowered the late-interaction list on NFCorpus dev, so it is off.
+
+    Deadlines: a stage is skipped (and the result marked degraded) when the time left before the request's
+    deadline is below that stage's recent p95 latency (over the last ``latency_window`` runs); the cross-encoder
+    goes first, then late interaction. ``budget_ms`` > 0 gives requests without a deadline one.
+
+    ``li_weight`` / ``ce_weight``: the stage's share in its head's new order; below 1 the stage's scores are blended
+    with the order it received (:mod:`rerank.interpolation`; ``hybridrag train`` reports the best weight on dev).
+    1 = the stage alone.
+    """
+
+    late_interaction: bool = True
+    li_top_k: int = 20
+    li_weight: float = 1.0
+    cross_encoder: bool = False
+    ce_top_k: int = 5
+    ce_weight: float = 1.0
+    max_top_k: int = 100
+    budget_ms: float = 0.0
+    latency_window: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("li_top_k", "ce_top_k"):
+            if not 1 <= getattr(self, name) <= self.max_top_k:
+                raise ValueError(f"{name} must be in [1, {self.max_top_k}], got {getattr(self, name)}")
+        if self.budget_ms < 0 or self.latency_window < 1:
+            raise ValueError("budget_ms must be >= 0 and latency_window >= 1")
+        for name in ("li_weight", "ce_weight"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1] (1 = the stage alone), got {getattr(self, name)}")
+
+
+class SearchSettings(Protocol):
+    """The configuration sections the pipeline reads (``retrieval.config.AppConfig`` has them; so may any object
+    with these attributes). The pipeline imports no application config: each component declares what it reads."""
+
+    @property
+    def first_stage(self) -> FirstStageConfig: ...
+
+    @property
+    def fusion(self) -> FusionConfig: ...
+
+    @property
+    def rerank(self) -> RerankConfig: ...
+
+    @property
+    def batching(self) -> BatchingConfig: ...
+
+    @property
+    def late_interaction(self) -> TokenEncoderConfig: ...
+
+
+class OpenSettings(SearchSettings, IndexSettings, Protocol):
+    """What :meth:`Pipeline.open` reads besides: the models to load and the semantic cache."""
+
+    @property
+    def embedder(self) -> EmbedderConfig: ...
+
+    @property
+    def cross_encoder(self) -> CrossEncoderConfig: ...
+
+    @property
+    def cache(self) -> SemanticCacheConfig: ...
 
 
 def reorder(hits: Hits, r: Reordering) -> Hits:
@@ -147,7 +236,7 @@ class StageLatency:
 
 
 class Pipeline:
-    def __init__(self, index: SearchIndex, embedder: Embedder, config: AppConfig,
+    def __init__(self, index: IndexView, embedder: Embedder, config: SearchSettings,
                  executor: Executor | None = None, cross_encoder: CrossEncoder | None = None,
                  token_encoder: TokenEncoder | None = None, cache: SemanticCache | None = None,
                  tracer: Tracer = NO_TRACER) -> None:
@@ -168,8 +257,13 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
+    def publish(self, view: IndexView) -> None:
+        """Serve ``view`` from the next request on (an atomic reference swap; requests in flight keep theirs).
+        The live index calls this with every new view (``live.on_publish(pipeline.publish)``)."""
+        self.index = view
+
     @classmethod
-    def open(cls, index_dir: str | Path, config: AppConfig, tracer: Tracer = NO_TRACER) -> Pipeline:
+    def open(cls, index_dir: str | Path, config: OpenSettings, tracer: Tracer = NO_TRACER) -> Pipeline:
         """Load the models the configuration names and the snapshot ``index_dir/CURRENT`` points at."""
         embedder = Embedder(config.embedder)
         index = SearchIndex.load(index_dir, config, embedder)
@@ -203,43 +297,38 @@ class Pipeline:
         if self._own_executor:
             self.executor.shutdown(wait=True)
 
-    def search(self, query: str, k: int = 10, **options: Any) -> SearchResult:
-        """Blocking search (thread-safe: concurrent callers' model calls are batched together)."""
+    def search(self, query: str | SearchRequest, k: int = 10, **options: Any) -> SearchResult:
+        """Blocking search (thread-safe: concurrent callers' model calls are batched together). Takes a
+        :class:`SearchRequest`, or a query with the request's fields as keywords."""
         if self._loop is not None and threading.current_thread() is self._thread:
             raise RuntimeError("Pipeline.search blocks: call search_async from the pipeline's own loop")
-        return self._submit(self._search(query, k, **options)).result()
+        return self._submit(self._search(self._request(query, k, options))).result()
 
-    async def search_async(self, query: str, k: int = 10, **options: Any) -> SearchResult:
-        """Awaitable search for asyncio callers on any event loop (see :meth:`_search` for the options)."""
+    async def search_async(self, query: str | SearchRequest, k: int = 10, **options: Any) -> SearchResult:
+        """Awaitable search for asyncio callers on any event loop (the same arguments as :meth:`search`)."""
+        request = self._request(query, k, options)
         if asyncio.get_running_loop() is self._loop:
-            return await self._search(query, k, **options)
-        return await asyncio.wrap_future(self._submit(self._search(query, k, **options)))
+            return await self._search(request)
+        return await asyncio.wrap_future(self._submit(self._search(request)))
+
+    def _request(self, query: str | SearchRequest, k: int, options: dict[str, Any]) -> SearchRequest:
+        if isinstance(query, SearchRequest):
+            if options:
+                raise TypeError("pass either a SearchRequest or a query with options, not both")
+            return self.resolve(query)
+        return self.resolve(SearchRequest.of(query, k, **options))
 
     def batcher_stats(self) -> dict[str, dict[str, Any]]:
         return self.models.stats()
 
     # ------------------------------------------------------------------ validation
 
-    def validate(self, query: str, k: int, candidates: int, stages: Sequence[str], li_top_k: int, ce_top_k: int) -> None:
+    def resolve(self, request: SearchRequest) -> SearchRequest:
+        """``request`` with the configured defaults filled and every bound checked (once per request)."""
         fs, rr = self.config.first_stage, self.config.rerank
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidRequest("query is empty")
-        if len(query) > fs.max_query_chars:
-            raise InvalidRequest(f"query is {len(query)} characters; at most {fs.max_query_chars} are allowed")
-        if not 1 <= k <= fs.max_k:
-            raise InvalidRequest(f"top_k must be in [1, {fs.max_k}], got {k}")
-        if not 1 <= candidates <= fs.max_candidates:
-            raise InvalidRequest(f"candidates must be in [1, {fs.max_candidates}], got {candidates}")
-        for name, value in (("li_top_k", li_top_k), ("ce_top_k", ce_top_k)):
-            if not 1 <= value <= rr.max_top_k:
-                raise InvalidRequest(f"{name} must be in [1, {rr.max_top_k}], got {value}")
-        if len(stages) > len(STAGES) or len(set(stages)) != len(stages):
-            raise InvalidRequest(f"stages must name each stage at most once ({len(stages)} given); allowed: "
-                                 f"{list(STAGES)}")
-        unknown = [s for s in stages if s not in STAGES]
-        if unknown or not any(s in FIRST_STAGES for s in stages):
-            raise InvalidRequest(f"unknown stages or no first stage in {str(list(stages))[:200]}; allowed: "
-                                 f"{list(STAGES)} with at least one of {list(FIRST_STAGES)}")
+        return request.resolve(max_query_chars=fs.max_query_chars, max_k=fs.max_k, max_candidates=fs.max_candidates,
+                               default_candidates=fs.candidates, max_top_k=rr.max_top_k, default_li_top_k=rr.li_top_k,
+                               default_ce_top_k=rr.ce_top_k, default_stages=self.default_stages())
 
     def default_stages(self) -> tuple[str, ...]:
         r = self.config.rerank
@@ -249,7 +338,7 @@ class Pipeline:
     def embed_query(self, query: str) -> np.ndarray:
         return self.embedder.embed([query])[0]
 
-    def late_interaction_unavailable(self, index: SearchIndex) -> str | None:
+    def late_interaction_unavailable(self, index: IndexView) -> str | None:
         """Why late interaction cannot serve on ``index`` with the configured token encoder (None if it can)."""
         if index.late is None:
             return "the snapshot has no token vectors"
@@ -266,34 +355,27 @@ class Pipeline:
     async def _in_pool(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    async def _search(self, query: str, k: int = 10, **options: Any) -> SearchResult:
-        """Run the stages for one query; returns the top ``k`` documents (fused unless one first stage is asked).
-
-        Options: ``filter``, ``candidates`` (top-N per first stage), ``stages``, ``exact_dense``, ``query_vec``,
-        ``li_top_k``, ``ce_top_k`` (the last ones default to the configuration), ``deadline`` (absolute
-        ``time.monotonic()`` seconds), ``use_cache=False`` (bypass the semantic cache).
-        """
-        with self.tracer.start_as_current_span("hybridrag.search", attributes={"top_k": k}) as span:
-            result = await self._run_stages(query, k, otel_context.get_current(), **options)
+    async def _search(self, request: SearchRequest) -> SearchResult:
+        """Run the stages of a resolved request; returns the top ``k`` documents (fused unless one first stage is
+        asked)."""
+        with self.tracer.start_as_current_span("hybridrag.search", attributes={"top_k": request.k}) as span:
+            result = await self._run_stages(request, otel_context.get_current())
             if span.is_recording():
                 span.set_attributes({"index.generation": result.generation, "cache_hit": result.cache_hit,
                                      "degraded": result.degraded, "stages": list(result.stages),
                                      "skipped": [f"{k}: {v}" for k, v in result.skipped.items()]})
             return result
 
-    async def _run_stages(self, query: str, k: int, trace: otel_context.Context, *, filter: Filter = NO_FILTER,
-                          candidates: int | None = None, stages: Sequence[str] | None = None,
-                          exact_dense: bool = False, query_vec: np.ndarray | None = None, li_top_k: int | None = None,
-                          ce_top_k: int | None = None, deadline: float | None = None,
-                          use_cache: bool = True) -> SearchResult:
+    async def _run_stages(self, request: SearchRequest, trace: otel_context.Context) -> SearchResult:
         """The body of :meth:`_search`; ``trace`` is the parent of the stage spans."""
+        assert request.resolved and request.stages is not None and request.candidates is not None
+        assert request.li_top_k is not None and request.ce_top_k is not None
+        query, k, filter, stages = request.query, request.k, request.filter, request.stages
+        candidates, li_top_k, ce_top_k = request.candidates, request.li_top_k, request.ce_top_k
+        exact_dense, query_vec, deadline, use_cache = (request.exact_dense, request.query_vec, request.deadline,
+                                                       request.use_cache)
         tracer = self.tracer
         rr = self.config.rerank
-        stages = self.default_stages() if stages is None else tuple(stages)
-        candidates = candidates or max(self.config.first_stage.candidates, k)
-        li_top_k = rr.li_top_k if li_top_k is None else li_top_k
-        ce_top_k = rr.ce_top_k if ce_top_k is None else ce_top_k
-        self.validate(query, k, candidates, stages, li_top_k, ce_top_k)
         if deadline is None and rr.budget_ms > 0:
             deadline = time.monotonic() + rr.budget_ms / 1000.0
         if deadline is not None and time.monotonic() >= deadline:

@@ -17,8 +17,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
-import sys
 import threading
 import time
 import uuid
@@ -33,35 +31,33 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Tracer
 
 from index_builder.corpus import MAX_ID_CHARS, check_tenant
-from index_builder.errors import (
+from index_builder.errors import ConfigError
+from retrieval.api import retriever_pb2 as pb
+from retrieval.api import retriever_pb2_grpc as pb_grpc
+from retrieval.errors import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
-    ConfigError,
     DeadlineExceeded,
-    HybridRagError,
     IndexNotReady,
     InvalidRequest,
     Overloaded,
     PermissionDenied,
     Unauthenticated,
 )
-from retrieval.api import retriever_pb2 as pb
-from retrieval.api import retriever_pb2_grpc as pb_grpc
-from retrieval.config import AppConfig, ServerConfig
-from retrieval.generation.generator import GeneratorSetup, Passages, Stats, Token, open_generator
+from retrieval.generation.generator import GeneratorSetup, Passages, Stats, Token
 from retrieval.live.live_index import LiveIndex
-from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, DocumentStore
-from retrieval.observability.tracing import NO_TRACER, Tracing, make_tracing, set_error
+from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES
+from retrieval.observability.tracing import NO_TRACER, set_error
 from retrieval.search.filters import Filter
 from retrieval.search.pipeline import Pipeline, SearchResult
+from retrieval.search.request import SearchRequest
+from retrieval.serving.auth import ALL_TENANTS, API_KEY_HEADER, load_api_keys, parse_api_keys  # noqa: F401
 from retrieval.serving.metrics import MetricsConfig, ServiceMetrics
 
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Retriever"].full_name
-API_KEY_HEADER = "x-api-key"
-ALL_TENANTS = "*"
 
 
 _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
@@ -76,6 +72,39 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (BackendError, grpc.StatusCode.FAILED_PRECONDITION),  # the backend refused the request (4xx): config or model
     (NotImplementedError, grpc.StatusCode.UNIMPLEMENTED),
 )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """``max_in_flight``: requests served at once; more are refused with RESOURCE_EXHAUSTED (no queue).
+    ``api_keys_file``: JSON ``{"key": ["tenant", ...]}`` (``"*"`` = every tenant); empty = no authentication.
+    Keys live outside the repository (a file path from config or ``HYBRIDRAG_SERVER__API_KEYS_FILE``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 50051
+    max_in_flight: int = 64
+    # Writes (Upsert, Delete, Rebuild) have their own budget: each write encodes its documents (model CPU), so
+    # a flood of them would otherwise take the cores from queries; past it writes get RESOURCE_EXHAUSTED.
+    max_writes_in_flight: int = 2
+    grace_s: float = 10.0
+    tls_cert: str = ""
+    tls_key: str = ""
+    api_keys_file: str = ""
+    max_message_mb: int = 16
+    # How often a thread holding the GIL hands it over (sys.setswitchinterval, process-wide; 0 = Python's 5 ms).
+    # The gRPC event loop is I/O work competing for the GIL with the pipeline's compute threads; at 5 ms each of
+    # its callbacks can wait 5 ms per busy thread, so past saturation calls queue before admission control sees
+    # them. 0.5 ms kept refusals fast and admitted latency bounded (bench.load open loop, README: Results).
+    switch_interval_ms: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535 or self.max_in_flight < 1 or self.max_writes_in_flight < 1 or self.grace_s < 0:
+            raise ValueError("server needs 0 <= port <= 65535, max_in_flight >= 1, max_writes_in_flight >= 1 and "
+                             "grace_s >= 0")
+        if not 0 <= self.switch_interval_ms <= 100:
+            raise ValueError(f"server.switch_interval_ms must be in [0, 100], got {self.switch_interval_ms}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("server.tls_cert and server.tls_key go together")
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
@@ -98,30 +127,6 @@ class JsonLogFormatter(logging.Formatter):
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out)
-
-
-def parse_api_keys(text: str, where: str) -> dict[str, frozenset[str]]:
-    """``{"key": ["tenant", ...]}`` (``"*"`` = every tenant) from ``where`` (a file name or an environment variable)."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"API keys in {where} are not valid JSON: {e}") from None
-    if not isinstance(raw, dict) or not all(isinstance(k, str) and k and isinstance(v, list) for k, v in raw.items()):
-        raise ConfigError(f"API keys in {where} must map each key to a list of tenants")
-    return {k: frozenset(map(str, v)) for k, v in raw.items()}
-
-
-def load_api_keys(path: str, env_value: str = "") -> dict[str, frozenset[str]]:
-    """Keys from the configured file and/or the ``HYBRIDRAG_API_KEYS`` value (read at the edge); never from the repo."""
-    keys: dict[str, frozenset[str]] = {}
-    if path:
-        try:
-            keys.update(parse_api_keys(Path(path).read_text(encoding="utf-8"), path))
-        except FileNotFoundError:
-            raise ConfigError(f"API keys file not found: {path}") from None
-    if env_value:
-        keys.update(parse_api_keys(env_value, "HYBRIDRAG_API_KEYS"))
-    return keys
 
 
 @dataclass
@@ -349,21 +354,20 @@ class RetrieverService(pb_grpc.RetrieverServicer):
         finally:
             setattr(self.state, attr, getattr(self.state, attr) - 1)
 
-    def _search_options(self, request: pb.RetrieveRequest, pipeline: Pipeline) -> dict:
-        """The pipeline options of a RetrieveRequest, checked (ranges the pipeline checks itself are left to it)."""
+    def _search_request(self, request: pb.RetrieveRequest, pipeline: Pipeline, deadline: float | None,
+                        default_k: int = 10) -> SearchRequest:
+        """The typed, validated request of a RetrieveRequest (0 = default for every number)."""
         opts = request.options
-        if len(request.query) > pipeline.config.first_stage.max_query_chars:
-            raise InvalidRequest(f"query is {len(request.query)} characters; at most "
-                                 f"{pipeline.config.first_stage.max_query_chars} are allowed")
         for name in ("candidates", "li_top_k", "ce_top_k"):
             if getattr(opts, name) < 0:
                 raise InvalidRequest(f"options.{name} must be >= 1 (0 = default), got {getattr(opts, name)}")
         if request.top_k < 0:
             raise InvalidRequest(f"top_k must be in [1, {pipeline.config.first_stage.max_k}] (0 = default), "
                                  f"got {request.top_k}")
-        return {"filter": Filter.of(request.tenant, dict(request.filters)), "candidates": opts.candidates or None,
-                "stages": list(opts.stages) or None, "li_top_k": opts.li_top_k or None,
-                "ce_top_k": opts.ce_top_k or None, "use_cache": not request.bypass_cache}
+        return pipeline.resolve(SearchRequest(
+            request.query, request.top_k or default_k, Filter.of(request.tenant, dict(request.filters)),
+            candidates=opts.candidates or None, stages=tuple(opts.stages) or None, li_top_k=opts.li_top_k or None,
+            ce_top_k=opts.ce_top_k or None, deadline=deadline, use_cache=not request.bypass_cache))
 
     # ------------------------------------------------------------------ RPCs
 
@@ -372,8 +376,7 @@ class RetrieverService(pb_grpc.RetrieverServicer):
             with self._admitted(context) as deadline:
                 self._authorize(context, request.tenant)
                 pipeline = self._pipeline()
-                options = self._search_options(request, pipeline)
-                result = await pipeline.search_async(request.query, request.top_k or 10, deadline=deadline, **options)
+                result = await pipeline.search_async(self._search_request(request, pipeline, deadline))
             self.state.metrics.observe_search(result)
             response = to_response(pipeline, result, request_id)
             log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms,
@@ -394,15 +397,16 @@ class RetrieverService(pb_grpc.RetrieverServicer):
                     r = request.retrieve
                     self._authorize(context, r.tenant)
                     pipeline = self._pipeline()
-                    options = self._search_options(r, pipeline)
-                    if self.state.generation is None:
+                    setup = self.state.generation
+                    search = self._search_request(r, pipeline, deadline,
+                                                  default_k=setup.generator.config.passages if setup else 10)
+                    if setup is None:
                         raise BackendUnavailable(self.state.generation_error)
-                    generator = self.state.generation.generator
+                    generator = setup.generator
                     if request.max_tokens < 0:
                         raise InvalidRequest(f"max_tokens must be in [1, {generator.config.max_tokens_limit}] "
                                              f"(0 = default), got {request.max_tokens}")
-                    events = generator.generate(r.query, k=r.top_k, max_tokens=request.max_tokens, deadline=deadline,
-                                                **options)
+                    events = generator.generate(search, max_tokens=request.max_tokens)
                     llm_span = None
                     try:
                         async for event in events:
@@ -469,7 +473,7 @@ class RetrieverService(pb_grpc.RetrieverServicer):
                       "cross_encoder": pipeline.cross_encoder.files.name if pipeline.cross_encoder else ""}
             return pb.IndexStatus(
                 generation=index.generation, documents=len(index.documents), chunks=len(index.chunk_doc),
-                buffered_writes=int(getattr(index, "buffered", 0)),
+                buffered_writes=index.buffered,
                 last_rebuild=str(index.snapshot.manifest.get("created_at", "")), models=models,
                 dense_available=index.dense is not None, dense_error=index.dense_error or "",
                 late_interaction_available=pipeline.late_interaction_unavailable(index) is None,
@@ -637,55 +641,3 @@ class BackgroundServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, frozenset[str]] | None = None,
-                store_path: Path | None = None) -> None:
-    """Listen at once (health NOT_SERVING), load the index and models, turn SERVING, serve until SIGTERM/SIGINT,
-    then drain gracefully."""
-    config = app_config.server
-    if config.switch_interval_ms > 0:  # process-wide, so set here at the edge (see ServerConfig)
-        sys.setswitchinterval(config.switch_interval_ms / 1000.0)
-    tracing: Tracing = make_tracing(app_config.tracing)
-    running = await create_server(config, api_keys=api_keys, metrics=app_config.metrics, tracer=tracing.tracer)
-    log.info("hybridrag listening on %s:%d (loading the index); metrics on %s", config.host, running.port,
-             f"{app_config.metrics.host}:{running.metrics_port}/metrics" if running.metrics_port else "no HTTP port")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    pipeline = None
-    live = None
-    try:
-        pipeline = await loop.run_in_executor(None, Pipeline.open, index_dir, app_config, tracing.tracer)
-        if store_path is not None:
-            store = DocumentStore(store_path)
-            live = await loop.run_in_executor(None, LiveIndex, pipeline.index, store, pipeline.embedder,
-                                              pipeline.token_encoder, app_config)
-            live.on_publish(lambda view: setattr(pipeline, "index", view))
-            if pipeline.cache is not None:
-                live.on_write(pipeline.cache.invalidate_docs)
-            live.start_auto_rebuild()
-        try:
-            setup = await loop.run_in_executor(None, open_generator, pipeline, app_config.generation, pipeline.cache)
-            running.state.generation = setup
-            if setup.starter is not None:
-                setup.starter.kick()  # the embedded llama.cpp server starts meanwhile; Retrieve does not wait for it
-            log.info("generation backends: %s", setup.describe())
-        except HybridRagError as e:  # Retrieve serves without it; Generate answers UNAVAILABLE with the reason
-            running.state.generation_error = f"generation is unavailable: {e}"
-            log.warning("%s", running.state.generation_error)
-        running.state.attach(pipeline, live)
-        await running.set_serving(True)
-        log.info("hybridrag serving %s (generation %d) on port %d", index_dir, pipeline.index.generation, running.port)
-        await stop.wait()
-    finally:
-        log.info("hybridrag stopping: draining in-flight calls (grace %.1f s)", config.grace_s)
-        await running.stop(config.grace_s)
-        if running.state.generation is not None:
-            await running.state.generation.aclose()
-        if live is not None:
-            live.close()
-        if pipeline is not None:
-            pipeline.close()
-        tracing.shutdown()  # flushes the spans still batched for the exporter

@@ -70,7 +70,7 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("hybridrag_index_documents", "Documents served (snapshot plus buffered writes)",
                                 value=len(index.documents))
         yield GaugeMetricFamily("hybridrag_buffered_writes", "Writes buffered since the last rebuild (served by BM25 "
-                                "and exact vector search until the next swap)", value=int(getattr(index, "buffered", 0)))
+                                "and exact vector search until the next swap)", value=index.buffered)
         yield GaugeMetricFamily("hybridrag_dense_available", "1 when the dense index serves, 0 when BM25 serves alone",
                                 value=float(index.dense is not None))
         depth = GaugeMetricFamily("hybridrag_model_queue_depth", "Items waiting for a model batch", labels=["model"])

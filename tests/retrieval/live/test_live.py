@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from index_builder.build import build_snapshot
-from index_builder.errors import InvalidRequest
 from index_builder.token_encoders import EmbedderTokens
 from index_builder.types import Document
+from retrieval.errors import InvalidRequest
 from retrieval.live.live_index import LiveIndex
 from retrieval.live.store import DocumentStore
 from retrieval.search.filters import Filter
@@ -29,7 +29,7 @@ def live(writable, config, embedder):
     base = SearchIndex.load(tmp_path / "index", config, embedder)
     li = LiveIndex(base, store, embedder, EmbedderTokens(embedder), config)
     pipeline = Pipeline(li.view, embedder, config)
-    li.on_publish(lambda view: setattr(pipeline, "index", view))
+    li.on_publish(pipeline.publish)
     yield li, pipeline, store, tmp_path
     pipeline.close()
 

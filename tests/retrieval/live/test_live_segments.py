@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from index_builder.build import build_snapshot, chunk_passages
-from index_builder.errors import DeadlineExceeded, InvalidRequest, Overloaded
 from index_builder.token_encoders import EmbedderTokens
 from index_builder.types import Document
+from retrieval.errors import DeadlineExceeded, InvalidRequest, Overloaded
 from retrieval.live.live_index import MAX_BATCH_BYTES, LiveIndex
 from retrieval.live.store import MAX_BATCH, MAX_TEXT_CHARS, DocumentStore
 from retrieval.search.bm25 import score_with_stats
@@ -40,7 +40,7 @@ def live(writable, config, embedder):
     base = SearchIndex.load(writable / "index", config, embedder)
     li = LiveIndex(base, store, embedder, EmbedderTokens(embedder), _config(config))
     pipeline = Pipeline(li.view, embedder, config)
-    li.on_publish(lambda view: setattr(pipeline, "index", view))
+    li.on_publish(pipeline.publish)
     yield li, pipeline, store, writable
     li.close()
     pipeline.close()

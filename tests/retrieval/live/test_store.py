@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from index_builder.errors import InvalidRequest, PermissionDenied
 from index_builder.types import Document
+from retrieval.errors import InvalidRequest, PermissionDenied
 from retrieval.live.store import DocumentStore
 from tests.helpers import REPO
 

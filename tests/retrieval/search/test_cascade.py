@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from index_builder.errors import DeadlineExceeded, InvalidRequest
 from index_builder.models import CrossEncoder, CrossEncoderConfig
 from retrieval.config import BatchingConfig
+from retrieval.errors import DeadlineExceeded, InvalidRequest
 from retrieval.search.batching import BatcherConfig
 from retrieval.search.pipeline import Pipeline
 from tests.helpers import CE_MODEL

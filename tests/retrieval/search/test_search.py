@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from index_builder.errors import InvalidRequest
+from retrieval.errors import InvalidRequest
 from retrieval.evaluate import evaluate, hits_to_run
 from retrieval.search.filters import Filter
 

@@ -88,7 +88,7 @@ def test_writes_and_rebuilds_invalidate_through_the_live_index(writable, sample_
     live = LiveIndex(SearchIndex.load(tmp_path / "index", config, embedder), store, embedder, EmbedderTokens(embedder),
                      config)
     p = Pipeline(live.view, embedder, config, cache=SemanticCache(config.cache))
-    live.on_publish(lambda view: setattr(p, "index", view))
+    live.on_publish(p.publish)
     live.on_write(p.cache.invalidate_docs)
     try:
         first = p.search(ASKED, 5)

@@ -51,7 +51,7 @@ def _live_server(writable, config, embedder, server_config: ServerConfig | None 
     base = SearchIndex.load(writable / "index", config, embedder)
     p = Pipeline(base, embedder, config, cache=cache)
     live = LiveIndex(base, store, embedder, EmbedderTokens(embedder), config)
-    live.on_publish(lambda view: setattr(p, "index", view))
+    live.on_publish(p.publish)
     if cache is not None:
         live.on_write(cache.invalidate_docs)
     setup = generation(p) if generation is not None else None
@@ -201,7 +201,7 @@ def test_cached_results_do_not_pin_superseded_views(writable, config, embedder):
     cache = SemanticCache(config.cache)
     live = LiveIndex(base, store, embedder, EmbedderTokens(embedder), config)
     p = Pipeline(live.view, embedder, config, cache=cache)
-    live.on_publish(lambda view: setattr(p, "index", view))
+    live.on_publish(p.publish)
     live.on_write(cache.invalidate_docs)
     try:
         live.upsert([Document(id="w-0", tenant="acme", text="A first buffered note about tidal locking of moons.")])

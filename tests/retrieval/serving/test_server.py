@@ -332,7 +332,7 @@ def _writable(tmp_path, config, embedder):
     seq = store.last_seq()
     p = Pipeline(SearchIndex.load(tmp_path / "index", config, embedder), embedder, config)
     live = LiveIndex(p.index, store, embedder, EmbedderTokens(embedder), config)
-    live.on_publish(lambda view: setattr(p, "index", view))
+    live.on_publish(p.publish)
     return store, seq, p, live
 
 

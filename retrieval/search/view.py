@@ -1,0 +1,68 @@
+"""The index contract: what the pipeline, the server and evaluation read of an index generation.
+
+Two implementations today: :class:`retrieval.search.index.SearchIndex` (one immutable snapshot) and
+:class:`retrieval.live.live_index.LiveView` (a snapshot plus the write buffer); a remote engine backend (the
+scale-out issue) implements the same. Document and chunk numbers are positions in ``documents`` and in the chunk
+space (``chunk_doc``); every stage returns :class:`~index_builder.types.Hits` in those numbers. A view is immutable:
+a request reads one view from start to end, and the live index publishes a new one through
+:meth:`retrieval.search.pipeline.Pipeline.publish`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from index_builder.types import Document, Hits
+from rerank.late_interaction import Reordering
+from retrieval.search.filters import Filter
+
+
+class FilterMasks(Protocol):
+    def masks(self, f: Filter) -> tuple[np.ndarray, np.ndarray] | None:
+        """(document mask, chunk mask) of what ``f`` allows; None = everything."""
+
+
+class KeywordSearch(Protocol):
+    def search(self, query: str, k: int, doc_mask: np.ndarray | None = None) -> Hits:
+        """Top ``k`` documents by BM25 (best chunk per document), within ``doc_mask``."""
+
+
+class VectorSearch(Protocol):
+    def search(self, query_vec: np.ndarray, k: int, doc_mask: np.ndarray | None = None,
+               chunk_mask: np.ndarray | None = None, *, exact: bool = False) -> Hits:
+        """Top ``k`` documents by inner product with ``query_vec`` (best chunk per document)."""
+
+
+class LateInteraction(Protocol):
+    def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0) -> Reordering:
+        """MaxSim of the first ``top_k`` of ``chunks`` against the query's token vectors."""
+
+
+class IndexView(Protocol):
+    """One immutable generation as the request path sees it."""
+
+    documents: Sequence[Document]
+    chunk_doc: np.ndarray
+    snapshot: Any  # the LoadedSnapshot it is built on (manifest, path)
+    filters: FilterMasks
+    bm25: KeywordSearch
+    dense: VectorSearch | None  # None: BM25 serves alone (dense_error says why)
+    late: LateInteraction | None  # None: no token vectors
+    token_encoder: dict | None  # which model made the stored token vectors
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def dense_error(self) -> str | None: ...
+
+    @property
+    def buffered(self) -> int:
+        """Documents written since the snapshot (0 for a bare snapshot)."""
+
+    def passage(self, chunk: int) -> str: ...
+
+    def passage_with_title(self, chunk: int) -> str: ...
