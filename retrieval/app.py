@@ -17,6 +17,7 @@ from retrieval.generation.generator import open_generator
 from retrieval.live.live_index import LiveIndex
 from retrieval.live.store import DocumentStore
 from retrieval.observability.tracing import Tracing, make_tracing
+from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
 from retrieval.serving.grpc_service import create_server
 
@@ -44,8 +45,10 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
         pipeline = await loop.run_in_executor(None, Pipeline.open, index_dir, app_config, tracing.tracer)
         if store_path is not None:
             store = DocumentStore(store_path)
-            live = await loop.run_in_executor(None, LiveIndex, pipeline.index, store, pipeline.embedder,
-                                              pipeline.token_encoder, app_config)
+            base = pipeline.index
+            assert isinstance(base, SearchIndex)  # Pipeline.open serves a snapshot; the live index goes over it
+            live = await loop.run_in_executor(None, LiveIndex, base, store, pipeline.embedder, pipeline.token_encoder,
+                                              app_config)
             live.on_publish(pipeline.publish)
             if pipeline.cache is not None:
                 live.on_write(pipeline.cache.invalidate_docs)

@@ -21,8 +21,8 @@ import pytrec_eval
 from index_builder.errors import CorpusError
 from index_builder.types import Hits
 from retrieval.search.filters import Filter
-from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
+from retrieval.search.view import IndexView
 
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]
@@ -78,7 +78,7 @@ def evaluate(qrels: Qrels, run: Run, *, ignore_identical_ids: bool = True) -> di
             "queries": len(scores)}
 
 
-def hits_to_run(index: SearchIndex, hits: Hits) -> dict[str, float]:
+def hits_to_run(index: IndexView, hits: Hits) -> dict[str, float]:
     """Document ids -> rank-based scores (n, n-1, ...): every tool that re-sorts by score (pytrec_eval, trec_eval)
     then sees exactly the ranking we serve, ties and reranked heads included (a reranked head carries the
     reranker's scores, its tail the previous stage's: not comparable, so raw scores must not be re-sorted)."""

@@ -181,7 +181,7 @@ class EmbeddedLLMServer:
             return ""
 
     def describe(self) -> str:
-        state = f"pid {self.process.pid}" if self.alive() else (
+        state = f"pid {self.process.pid}" if self.process is not None and self.alive() else (
             f"exited with code {self.process.returncode}" if self.process is not None else "not started")
         return f"embedded llama.cpp server at {self.base_url} ({state})"
 

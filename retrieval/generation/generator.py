@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +102,7 @@ class Generator:
         return requested
 
     async def generate(self, request: SearchRequest | str, *, max_tokens: int = 0,
-                       **options: Any) -> AsyncIterator[Passages | Token | Stats]:
+                       **options: Any) -> AsyncGenerator[Passages | Token | Stats, None]:
         """Retrieve with ``request`` (its ``k`` 0 = the configured number of passages; a plain question takes the
         request's fields as keywords), then stream the answer (see the module docstring)."""
         max_tokens = self.check_max_tokens(max_tokens)
@@ -163,11 +163,10 @@ class Generator:
         stats = Stats(retrieval_ms, ttft, generation_ms, tokens_in, tokens_out, backend.model, which,
                       passages_in_prompt=prompt.passages_used, context_truncated=prompt.truncated,
                       finish_reason=(last.finish_reason if last else None) or "")
-        if scope is not None and text.strip():
-            cached = result.detached()  # not the view: a cached answer must not pin the write buffer it was read from
-            self.cache.put(scope, result.generation, result.query_vec, question, _CachedAnswer(cached, text, stats),
-                           result.doc_ids(), since=epoch,
-                           nbytes=cached.approx_bytes() + len(text) + request.filter.nbytes)
+        if scope is not None and self.cache is not None and result.query_vec is not None and text.strip():
+            keep = result.detached()  # not the view: a cached answer must not pin the write buffer it was read from
+            self.cache.put(scope, result.generation, result.query_vec, question, _CachedAnswer(keep, text, stats),
+                           result.doc_ids(), since=epoch, nbytes=keep.approx_bytes() + len(text) + request.filter.nbytes)
         yield stats
 
     def _estimate_prompt_tokens(self, messages: list[dict[str, str]]) -> int:

@@ -346,7 +346,7 @@ class LiveIndex:
         self._rebuild_lock = threading.Lock()  # one rebuild at a time
         self._models_lock = threading.Lock()  # makes the rebuild encoder once
         self._listeners: list[Callable[[LiveView], None]] = []
-        self._write_listeners: list[Callable[[list[str]], None]] = []
+        self._write_listeners: list[Callable[[list[str]], object]] = []
         self._rebuild_listeners: list[Callable[[float, bool], None]] = []
         self._first_buffered: float | None = None
         self._rebuild_embedder: Embedder | None = None
@@ -364,7 +364,7 @@ class LiveIndex:
         self._listeners.append(fn)
         fn(self.view)
 
-    def on_write(self, fn: Callable[[list[str]], None]) -> None:
+    def on_write(self, fn: Callable[[list[str]], object]) -> None:
         """``fn(ids)`` after every acknowledged write, once its view is published (the semantic cache invalidates)."""
         self._write_listeners.append(fn)
 

@@ -58,7 +58,7 @@ class DenseRetriever:
         if chunk_mask is not None and n_allowed < self.config.exact_below * self.n_chunks:
             return self.exact_subset(q[0], k, chunk_mask)
         want = min(n_allowed, math.ceil(k * self.config.oversample))
-        params = faiss.SearchParametersHNSW()
+        params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]  # the faiss stubs predate it
         bitmap = None  # must outlive the searches: faiss reads it through a raw pointer
         if chunk_mask is not None:
             bitmap = np.packbits(chunk_mask, bitorder="little")

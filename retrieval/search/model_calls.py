@@ -52,8 +52,8 @@ class ModelCalls:
                                              executor=self.executor, name="query_tokens")
         self.pairs: MicroBatcher[tuple[str, str], float] | None = None
         if cross_encoder is not None:
-            self.pairs = MicroBatcher(cross_encoder.score, config.cross_encoder, executor=self.executor,
-                                      name="cross_encoder")
+            score: Any = cross_encoder.score  # returns an array of floats: a Sequence[float] to the batcher
+            self.pairs = MicroBatcher(score, config.cross_encoder, executor=self.executor, name="cross_encoder")
 
     @property
     def batchers(self) -> list[MicroBatcher[Any, Any]]:
@@ -61,9 +61,8 @@ class ModelCalls:
 
     def _embed_batch(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray | None]]:
         enc = self.embedder.encode(texts, with_tokens=self.embedder_tokens)
-        tokens = enc.token_vectors or [None] * len(texts)
-        return [(enc.embeddings[i], None if tokens[i] is None else tokens[i].astype(np.float32))
-                for i in range(len(texts))]
+        tokens: list[np.ndarray | None] = list(enc.token_vectors) if enc.token_vectors else [None] * len(texts)
+        return [(enc.embeddings[i], None if (t := tokens[i]) is None else t.astype(np.float32)) for i in range(len(texts))]
 
     async def embed_query(self, query: str) -> tuple[np.ndarray, np.ndarray | None, float]:
         """The query's embedding, its embedder token vectors (None when ColBERT serves late interaction), and

@@ -518,7 +518,7 @@ class Pipeline:
             self.latency.record("cross_encoder", ms)
         result.hits = current.top(k)
         result.timings_ms["total"] = _ms(t_total)
-        if scope is not None and self.cache is not None and not result.degraded:
+        if scope is not None and self.cache is not None and query_vec is not None and not result.degraded:
             keep = result.detached()
             self.cache.put(scope, index.generation, query_vec, query, keep, result.doc_ids(), since=epoch,
                            nbytes=keep.approx_bytes() + filter.nbytes)

@@ -44,14 +44,33 @@ class LateInteraction(Protocol):
 class IndexView(Protocol):
     """One immutable generation as the request path sees it."""
 
-    documents: Sequence[Document]
-    chunk_doc: np.ndarray
-    snapshot: Any  # the LoadedSnapshot it is built on (manifest, path)
-    filters: FilterMasks
-    bm25: KeywordSearch
-    dense: VectorSearch | None  # None: BM25 serves alone (dense_error says why)
-    late: LateInteraction | None  # None: no token vectors
-    token_encoder: dict | None  # which model made the stored token vectors
+    @property
+    def documents(self) -> Sequence[Document]: ...
+
+    @property
+    def chunk_doc(self) -> np.ndarray: ...
+
+    @property
+    def snapshot(self) -> Any:
+        """The LoadedSnapshot it is built on (manifest, path)."""
+
+    @property
+    def filters(self) -> FilterMasks: ...
+
+    @property
+    def bm25(self) -> KeywordSearch: ...
+
+    @property
+    def dense(self) -> VectorSearch | None:
+        """None: BM25 serves alone (``dense_error`` says why)."""
+
+    @property
+    def late(self) -> LateInteraction | None:
+        """None: the snapshot has no token vectors."""
+
+    @property
+    def token_encoder(self) -> dict | None:
+        """Which model made the stored token vectors."""
 
     @property
     def generation(self) -> int: ...

@@ -296,7 +296,7 @@ class RetrieverService(pb_grpc.RetrieverServicer):
         await context.abort(code, _details(str(exc)))
 
     @contextlib.contextmanager
-    def _rpc(self, method: str, request_id: str, **attributes: object):
+    def _rpc(self, method: str, request_id: str, **attributes: str | int):
         """The call's server span (current, so the pipeline's spans nest under it) and its metrics: duration and
         status code. The handler's exceptions pass through (``_fail`` maps them outside)."""
         t0 = time.perf_counter()
