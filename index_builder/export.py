@@ -131,7 +131,7 @@ def export_fp32(out_dir: Path, source: Path | None = None, opset: int = 17) -> d
         raise ExportError(f"cannot load a transformers model from {src}: {e}") from e
     model = model.float().eval()
 
-    class _LastHiddenState(torch.nn.Module):
+    class _LastHiddenState(torch.nn.Module):  # type: ignore[name-defined]  # torch is imported in this function
         def __init__(self, encoder: Any) -> None:
             super().__init__()
             self.encoder = encoder

@@ -87,3 +87,17 @@ class ServeProcess:
     def wait_drained(self, timeout: float = 10) -> None:
         """After exit: the log thread has read everything."""
         self._drain.join(timeout)
+
+
+def train_cross_encoder_cli(out: Path, dataset: Path, index_dir: Path, *extra: str) -> tuple[dict, str]:
+    """A real, tiny ``hybridrag train cross-encoder`` run (2 steps, dev evaluated, ONNX exported and checked):
+    its train log and model card. Needs torch (the bench extra)."""
+    import json
+
+    from hybridrag.cli import main
+
+    assert main(["train", "cross-encoder", "--dataset", str(dataset), "--index", str(index_dir), "--out", str(out),
+                 "--max-steps", "2", "--eval-every", "1", "--groups-per-step", "2", "--max-length", "64",
+                 "--mine-depth", "8", "--threads", "1", "--quiet", *extra]) == 0
+    summary = json.loads(next(out.glob("*train_log.json")).read_text())
+    return summary, (out / "README.md").read_text()

@@ -424,7 +424,7 @@ class _SegmentDocs(Sequence[Document]):
     def __len__(self) -> int:
         return self.state.n_docs
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         i = int(i)

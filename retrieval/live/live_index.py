@@ -124,7 +124,7 @@ class _Concat(Sequence[Document]):
     def __len__(self) -> int:
         return len(self.a) + len(self.b)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         i = int(i)

@@ -50,6 +50,7 @@ def test_ce_latency_bench_smoke(tmp_path, sample_index_dir):
     assert base["same_top_k_as_baseline"] == 1.0 and entry["variants"]["max_length 128"]["p50_ms"] > 0
 
 
+@pytest.mark.slow
 def test_live_bench_smoke(tmp_path):
     from bench.live import main
 

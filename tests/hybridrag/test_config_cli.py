@@ -1,11 +1,12 @@
 import json
+from pathlib import Path
 
 import pytest
 
 from hybridrag.cli import main
 from index_builder.errors import ConfigError
 from retrieval.config import load_config
-from tests.helpers import REPO
+from tests.helpers import SAMPLE
 
 
 def test_toml_env_and_overrides_layer_in_order(tmp_path):
@@ -61,32 +62,43 @@ def test_quickstart_builds_searches_and_generates(tmp_path, capsys):
     assert "tokens in" in generated and "(no answer generated" not in out
 
 
-def test_train_card_appends_measured_test_figures(tmp_path, capsys):
-    """`hybridrag train card` (no torch needed) appends `hybridrag eval --json` figures to a model card."""
+def _eval_json(tmp_path, index_dir, name: str, li_weight: float = 1.0) -> Path:
+    """A real `hybridrag eval --json` on the sample corpus (late interaction blended at ``li_weight``)."""
+    config = tmp_path / f"{name}.toml"
+    config.write_text(f"[rerank]\nli_weight = {li_weight}\n")
+    out = tmp_path / f"{name}.json"
+    assert main(["eval", "--dataset", str(SAMPLE), "--index", str(index_dir), "--rerank", "late_interaction",
+                 "--config", str(config), "--json", str(out), "--quiet"]) == 0
+    return out
 
-    measured = REPO / "results" / "train" / "scifact-test-li-trained.json"
+
+def test_train_card_appends_measured_test_figures(tmp_path, sample_index_dir):
+    """`hybridrag train card` (no torch needed) appends `hybridrag eval --json` figures to a model card."""
+    measured = _eval_json(tmp_path, sample_index_dir, "alone")
     figures = json.loads(measured.read_text())["stages"]
-    (tmp_path / "README.md").write_text("# a model\n")
-    assert main(["train", "card", "--model", str(tmp_path), "--eval-json", str(measured)]) == 0
-    card = (tmp_path / "README.md").read_text()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "README.md").write_text("# a model\n")
+    assert main(["train", "card", "--model", str(model), "--eval-json", str(measured)]) == 0
+    card = (model / "README.md").read_text()
     assert card.startswith("# a model\n") and "## Test figures" in card
     delta = figures["late_interaction"]["ndcg@10"] - figures["fused"]["ndcg@10"]
-    assert f"| scifact | test | late_interaction | {figures['late_interaction']['ndcg@10']:.4f} |" in card
+    assert f"| sample | test | late_interaction | {figures['late_interaction']['ndcg@10']:.4f} |" in card
     assert f"{delta:+.4f}" in card
 
 
-def test_train_card_names_the_blend_weight_and_lists_first_stages_once(tmp_path):
-    """Two eval runs of one model (alone and blended at the dev-chosen ce_weight): two labelled rows, not two
-    identical-looking cross_encoder rows, and the shared first-stage rows once."""
-
-    results = REPO / "results" / "train"
-    runs = [results / "nfcorpus-test-ce-nfcorpus-retrieved.json", results / "nfcorpus-test-ce-nfcorpus-retrieved-w07.json"]
+def test_train_card_names_the_blend_weight_and_lists_first_stages_once(tmp_path, sample_index_dir):
+    """Two eval runs of one model (alone and blended at a dev-chosen weight): two labelled rows, not two
+    identical-looking rows, and the shared first-stage rows once."""
+    runs = [_eval_json(tmp_path, sample_index_dir, "alone"), _eval_json(tmp_path, sample_index_dir, "w07", 0.7)]
     alone, blended = (json.loads(r.read_text()) for r in runs)
-    assert alone["config"]["rerank"]["ce_weight"] == 1.0 and blended["config"]["rerank"]["ce_weight"] == 0.7
-    (tmp_path / "README.md").write_text("# a model\n")
-    assert main(["train", "card", "--model", str(tmp_path), "--eval-json", *map(str, runs)]) == 0
-    card = (tmp_path / "README.md").read_text()
-    assert f"| nfcorpus | test | cross_encoder | {alone['stages']['cross_encoder']['ndcg@10']:.4f} |" in card
-    assert f"| nfcorpus | test | cross_encoder (ce_weight 0.7) | {blended['stages']['cross_encoder']['ndcg@10']:.4f} |" in card
-    assert card.count("| nfcorpus | test | fused |") == 1 and card.count("| nfcorpus | test | bm25 |") == 1
-
+    assert alone["config"]["rerank"]["li_weight"] == 1.0 and blended["config"]["rerank"]["li_weight"] == 0.7
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "README.md").write_text("# a model\n")
+    assert main(["train", "card", "--model", str(model), "--eval-json", *map(str, runs)]) == 0
+    card = (model / "README.md").read_text()
+    assert f"| sample | test | late_interaction | {alone['stages']['late_interaction']['ndcg@10']:.4f} |" in card
+    li = blended["stages"]["late_interaction"]["ndcg@10"]
+    assert f"| sample | test | late_interaction (li_weight 0.7) | {li:.4f} |" in card
+    assert card.count("| sample | test | fused |") == 1 and card.count("| sample | test | bm25 |") == 1

@@ -28,6 +28,7 @@ from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.serving.grpc_service import BackgroundServer
 from tests.helpers import ServeProcess
 
+pytestmark = pytest.mark.slow  # a real llama.cpp server generates for every test here
 QUESTION = "Why do noodles take longer to boil at high elevation?"
 NO_RETRY = ClientOptions(retry=RetryPolicy(attempts=1), timeout=120)
 

@@ -112,6 +112,7 @@ def test_restart_replays_the_store_and_matches_a_rebuild(live, config, embedder)
         p3.close()
 
 
+@pytest.mark.slow
 def test_writers_and_readers_across_swaps(live, config, embedder):
     """8 writers and 16 readers for a bounded time while the index is rebuilt and swapped twice: no errors, no
     deleted document served after its delete was acknowledged, every acknowledged upsert found by a query that
