@@ -131,7 +131,9 @@ def export_fp32(out_dir: Path, source: Path | None = None, opset: int = 17) -> d
         raise ExportError(f"cannot load a transformers model from {src}: {e}") from e
     model = model.float().eval()
 
-    class _LastHiddenState(torch.nn.Module):  # type: ignore[name-defined]  # torch is imported in this function
+    module_base: Any = torch.nn.Module  # torch comes from _import_torch() as Any: a typed base mypy accepts
+
+    class _LastHiddenState(module_base):
         def __init__(self, encoder: Any) -> None:
             super().__init__()
             self.encoder = encoder
