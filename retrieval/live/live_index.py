@@ -94,7 +94,9 @@ class LiveConfig:
     # leave over, so serving latency stays steady (bench/live.py measures it). 0 = normal priority.
     rebuild_nice: int = 19
     # The write buffer's bound between rebuilds (live documents): an upsert that would pass it is refused at once
-    # (RESOURCE_EXHAUSTED, "write buffer full") and starts the rebuild. MAXBUF_COMMENT
+    # (RESOURCE_EXHAUSTED, "write buffer full") and starts the rebuild. 20 x rebuild_after_writes, so it binds only
+    # when rebuilds cannot keep up. A buffered document holds ~46 KB (sample corpus, mostly int8 token vectors;
+    # bench/write_load.py), ~0.9 GB at the bound, more for long documents (~90 KB per full 224-token chunk).
     max_buffered_docs: int = 20_000
 
     def __post_init__(self) -> None:
