@@ -62,6 +62,7 @@ def test_live_bench_smoke(tmp_path):
     assert entry["writes"]["batch_1"]["docs_per_s"] > 0 and entry["writes"]["batch_2"]["ack_visible"]["n"] > 0
 
 
+@pytest.mark.slow  # ~15 s: starts the embedded llama.cpp server
 def test_generate_bench_smoke(tmp_path, sample_index_dir):
     from bench.generate import main
 

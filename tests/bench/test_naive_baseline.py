@@ -17,8 +17,10 @@ CE_ONNX = REPO.parent / "shared" / "models" / "ce-minilm-l6-beir-train"
 # reranks 10 candidates).
 CLEAR = ("q01", "q04", "q06", "q08", "q11", "q16")
 
-pytestmark = pytest.mark.skipif(not (CE_ONNX / "model.onnx").is_file(),
-                                reason="../shared/models/ce-minilm-l6-beir-train is absent")
+pytestmark = [
+    pytest.mark.slow,  # ~16 s for the module: loads torch, sentence-transformers and the cross-encoder
+    pytest.mark.skipif(not (CE_ONNX / "model.onnx").is_file(), reason="../shared/models/ce-minilm-l6-beir-train is absent"),
+]
 
 
 @pytest.fixture(scope="module")

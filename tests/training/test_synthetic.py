@@ -52,6 +52,7 @@ def test_sample_is_fixed_by_the_seed():
     assert len(sample_documents(docs, 0, 1)) == len(docs)
 
 
+@pytest.mark.slow  # ~19 s: starts the embedded llama.cpp server, generates, then trains on what it wrote
 def test_synthesized_queries_form_a_dataset_the_trainers_read(llm, pipeline, sample_index_dir, tmp_path):
     docs, _ = read_corpus(SAMPLE / "corpus.jsonl")
     cfg = SynthConfig(docs=6, seed=5, keep_top=3)

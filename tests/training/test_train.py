@@ -83,6 +83,7 @@ def test_training_lowers_the_loss_and_the_export_serves(sample_train, pipeline, 
             p.close()
 
 
+@pytest.mark.slow  # ~20 s: real late-interaction training, export and a token rebuild
 def test_late_interaction_training_export_and_token_rebuild(sample_train, pipeline, sample_index_dir, embedder, config,
                                                             tmp_path):
     """A few real steps lower the loss on fixed groups; the PCA start scores like the embedder's own token
