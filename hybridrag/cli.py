@@ -137,7 +137,7 @@ def _result_json(pipeline, query: str, res) -> dict[str, Any]:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from retrieval.evaluate import RERANK_VARIANTS, hnsw_recall, judged_queries, run_stages, summarize, write_trec
+    from retrieval.evaluate import RERANK_VARIANTS, failures, hnsw_recall, judged_queries, run_stages, summarize, write_trec
 
     config = _config(args, _thread_overrides(args))
     dataset = Path(args.dataset)
@@ -160,7 +160,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     pipeline = _open_pipeline(index_dir, config)
     # warm-up: first calls pay for lazy initialisation
     for text in list(queries.values())[:5]:
-        pipeline.search(text, 10)
+        try:
+            pipeline.search(text, 10)
+        except Exception:  # noqa: BLE001 -- the evaluation itself reports refused queries
+            pass
     rerank = tuple(args.rerank.split(",")) if args.rerank else RERANK_VARIANTS
     stages = run_stages(pipeline, queries, depth=100, rerank=rerank)
     summary_stages = summarize(stages, qrels)
@@ -173,17 +176,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                       "rerank": vars(config.rerank)},
                            "token_vectors": pipeline.index.token_encoder,
                            "cross_encoder": pipeline.cross_encoder.describe() if pipeline.cross_encoder else None}
+    failed = failures(stages)
+    out["failed_queries"] = failed
     if "dense" in stages:
         out["hnsw_recall@100"] = hnsw_recall(stages["dense"].hits, stages["dense_exact"].hits)
     if build_info:
         out["build"] = build_info
     print(f"{dataset.name} ({args.split}, {len(queries)} queries)")
-    print(f"{'stage':<17} {'nDCG@10':>8} {'R@100':>7} {'QPS':>8} {'p50 ms':>7} {'p99 ms':>7}")
+    print(f"{'stage':<17} {'nDCG@10':>8} {'R@100':>7} {'QPS':>8} {'p50 ms':>7} {'p99 ms':>7} {'failed':>6}")
     for name, m in summary_stages.items():
         print(f"{name:<17} {m['ndcg@10']:>8.4f} {m['recall@100']:>7.4f} {m['qps']:>8.1f} {m['p50_ms']:>7.2f} "
-              f"{m['p99_ms']:>7.2f}")
+              f"{m['p99_ms']:>7.2f} {m['failed']:>6}")
     if "hnsw_recall@100" in out:
         print(f"HNSW recall@100 vs exact: {out['hnsw_recall@100']:.4f} (ef_search={config.dense.ef_search})")
+    if failed:
+        first_id, first = next(iter(failed.items()))
+        print(f"{len(failed)} of {len(queries)} queries failed in some stage (counted as 0; listed under "
+              f"failed_queries in --json); first: {first_id}: {next(iter(first.values()))}")
     if args.run_dir:
         run_dir = Path(args.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -9,11 +9,13 @@ the query id are dropped (``ignore_identical_ids=True``), ``pytrec_eval`` comput
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytrec_eval
@@ -22,6 +24,7 @@ from index_builder.errors import CorpusError
 from index_builder.types import Hits
 from retrieval.search.filters import Filter
 from retrieval.search.pipeline import Pipeline
+from retrieval.search.request import SearchRequest
 from retrieval.search.view import IndexView
 
 Run = dict[str, dict[str, float]]
@@ -66,16 +69,18 @@ def judged_queries(dataset: Path, split: str = "test", limit: int = 0) -> tuple[
     return (dict(list(queries.items())[:limit]) if limit else queries), qrels
 
 
-def evaluate(qrels: Qrels, run: Run, *, ignore_identical_ids: bool = True) -> dict[str, float]:
-    """Mean nDCG@10 and Recall@100 over the queries pytrec_eval scores (BEIR's convention)."""
+def evaluate(qrels: Qrels, run: Run, *, ignore_identical_ids: bool = True, failed: int = 0) -> dict[str, float]:
+    """Mean nDCG@10 and Recall@100 over the queries pytrec_eval scores (BEIR's convention), plus ``failed``
+    queries (refused or errored: no run) counted as 0 -- dropping them would flatter a stage that fails on the
+    hard ones."""
     if ignore_identical_ids:
         run = {q: {d: s for d, s in docs.items() if d != q} for q, docs in run.items()}
     evaluator = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"})
     scores = evaluator.evaluate(run)
-    n = max(len(scores), 1)
+    n = max(len(scores) + failed, 1)
     return {"ndcg@10": round(sum(s["ndcg_cut_10"] for s in scores.values()) / n, 5),
             "recall@100": round(sum(s["recall_100"] for s in scores.values()) / n, 5),
-            "queries": len(scores)}
+            "queries": len(scores), "failed": failed}
 
 
 def hits_to_run(index: IndexView, hits: Hits) -> dict[str, float]:
@@ -100,6 +105,7 @@ class StageRun:
     run: Run = field(default_factory=dict)
     seconds: list[float] = field(default_factory=list)
     hits: dict[str, Hits] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # query id -> why it has no run (refused, errored)
 
 
 RERANK_VARIANTS = ("late_interaction", "cross_encoder", "cascade")
@@ -111,7 +117,8 @@ def run_stages(pipeline: Pipeline, queries: Mapping[str, str], *, depth: int = 1
     """Run each stage alone per query, timing each call (query embedding included in the dense stages).
 
     ``rerank``: which reranking variants to run, where the index and models allow (late interaction alone on the
-    fused list, the cross-encoder alone on it, and the cascade of both)."""
+    fused list, the cross-encoder alone on it, and the cascade of both). A query a stage refuses or fails on is
+    recorded in that stage's ``failed`` (with the error's message) and the run goes on."""
     index = pipeline.index
     names = ["bm25", "dense", "dense_exact", "fused"]
     li = pipeline.late_interaction_unavailable(index) is None
@@ -126,38 +133,70 @@ def run_stages(pipeline: Pipeline, queries: Mapping[str, str], *, depth: int = 1
         st.seconds.append(seconds)
         st.hits[qid] = hits
 
-    for i, (qid, text) in enumerate(queries.items()):
+    def attempt(names: Sequence[str], qid: str, fn: Callable[..., Hits], *args: Any, extra_s: float = 0.0) -> bool:
         t = time.perf_counter()
-        record("bm25", qid, index.bm25.search(text, depth), time.perf_counter() - t)
+        try:
+            hits = fn(*args)
+        except Exception as e:  # noqa: BLE001 -- a refused or failed query is reported, never aborts the run
+            for name in names:
+                stages[name].failed[qid] = f"{type(e).__name__}: {e}"[:500]
+            return False
+        record(names[0], qid, hits, extra_s + time.perf_counter() - t)
+        return True
+
+    def search(text: str, extra: tuple[str, ...]) -> Hits:
+        return pipeline.search(text, depth, filter=Filter(), candidates=depth, stages=("bm25", "dense", *extra),
+                               use_cache=False).hits
+
+    for i, (qid, text) in enumerate(queries.items()):
+        try:  # the service's own bounds apply to every stage, the ones called directly included
+            pipeline.resolve(SearchRequest.of(text, depth, candidates=depth))
+        except Exception as e:  # noqa: BLE001
+            for st in stages.values():
+                st.failed[qid] = f"{type(e).__name__}: {e}"[:500]
+            if progress:
+                progress(i + 1)
+            continue
+        attempt(["bm25"], qid, index.bm25.search, text, depth)
         if index.dense is not None:
             t = time.perf_counter()
-            vec = pipeline.embed_query(text)
-            embed_s = time.perf_counter() - t
-            t = time.perf_counter()
-            record("dense", qid, index.dense.search(vec, depth), embed_s + time.perf_counter() - t)
-            t = time.perf_counter()
-            record("dense_exact", qid, index.dense.search(vec, depth, exact=True), embed_s + time.perf_counter() - t)
-        t = time.perf_counter()
-        res = pipeline.search(text, depth, filter=Filter(), candidates=depth, stages=("bm25", "dense"), use_cache=False)
-        record("fused", qid, res.hits, time.perf_counter() - t)
+            try:
+                vec = pipeline.embed_query(text)
+            except Exception as e:  # noqa: BLE001
+                for name in ("dense", "dense_exact"):
+                    stages[name].failed[qid] = f"{type(e).__name__}: {e}"[:500]
+            else:
+                embed_s = time.perf_counter() - t
+                attempt(["dense"], qid, index.dense.search, vec, depth, extra_s=embed_s)
+                attempt(["dense_exact"], qid, functools.partial(index.dense.search, exact=True), vec, depth,
+                        extra_s=embed_s)
+        attempt(["fused"], qid, search, text, ())
         # Each reranking variant is a full pipeline call (so it pays exactly what serving pays, e.g. late
         # interaction shares the dense stage's encoder pass); all start from the same (deterministic) fused list.
         for name, extra in (("late_interaction", ("late_interaction",)), ("cross_encoder", ("cross_encoder",)),
                             ("cascade", ("late_interaction", "cross_encoder"))):
             if name in stages:
-                t = time.perf_counter()
-                res = pipeline.search(text, depth, filter=Filter(), candidates=depth, stages=("bm25", "dense", *extra),
-                                      use_cache=False)
-                record(name, qid, res.hits, time.perf_counter() - t)
+                attempt([name], qid, search, text, extra)
         if progress:
             progress(i + 1)
-    return {k: v for k, v in stages.items() if v.run}
+    return {k: v for k, v in stages.items() if v.run or v.failed}
+
+
+def failures(stages: Mapping[str, StageRun]) -> dict[str, dict[str, str]]:
+    """Query id -> {stage: why it failed}, for every query some stage has no run for."""
+    out: dict[str, dict[str, str]] = {}
+    for name, st in stages.items():
+        for qid, why in st.failed.items():
+            out.setdefault(qid, {})[name] = why
+    return out
 
 
 def hnsw_recall(approx: Mapping[str, Hits], exact: Mapping[str, Hits], k: int = 100) -> float:
     """Mean over queries of |HNSW top-k docs ∩ exact top-k docs| / |exact top-k docs|."""
     vals = []
     for qid, ex in exact.items():
+        if qid not in approx:
+            continue
         truth = set(ex.doc[:k].tolist())
         if truth:
             vals.append(len(truth & set(approx[qid].doc[:k].tolist())) / len(truth))
@@ -167,10 +206,10 @@ def hnsw_recall(approx: Mapping[str, Hits], exact: Mapping[str, Hits], k: int = 
 def summarize(stages: Mapping[str, StageRun], qrels: Qrels) -> dict[str, dict[str, float]]:
     out = {}
     for name, st in stages.items():
-        metrics = evaluate(qrels, st.run)
+        metrics = evaluate(qrels, st.run, failed=len(st.failed))
         secs = np.asarray(st.seconds)
-        metrics["qps"] = round(len(secs) / secs.sum(), 1) if secs.sum() > 0 else float("nan")
-        metrics["p50_ms"] = round(float(np.percentile(secs, 50) * 1000), 2)
-        metrics["p99_ms"] = round(float(np.percentile(secs, 99) * 1000), 2)
+        metrics["qps"] = round(len(secs) / secs.sum(), 1) if len(secs) and secs.sum() > 0 else float("nan")
+        metrics["p50_ms"] = round(float(np.percentile(secs, 50) * 1000), 2) if len(secs) else float("nan")
+        metrics["p99_ms"] = round(float(np.percentile(secs, 99) * 1000), 2) if len(secs) else float("nan")
         out[name] = metrics
     return out

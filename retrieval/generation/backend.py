@@ -69,7 +69,9 @@ class GenerationConfig:
     ``context_tokens``: the token budget of the context passages in the prompt; ``passages``: how many retrieved
     passages Generate asks for when the request's ``top_k`` is 0. ``tokenizer``: the generator's tokenizer for the
     budget (a .gguf or tokenizer.json); empty = the embedded model's GGUF when it serves, else an estimate.
-    ``cache_answers``: keep finished answers in the semantic cache (when the cache is on)."""
+    ``cache_answers``: keep finished answers in the semantic cache (when the cache is on).
+    ``max_question_tokens``: the question's share of the prompt; a longer question (a whole passage as the query)
+    is cut to it, so the prompt stays within the model's context (the cut is reported as ``question_truncated``)."""
 
     backend: BackendConfig = field(default_factory=BackendConfig)
     embedded: EmbeddedLLMConfig = field(default_factory=EmbeddedLLMConfig)
@@ -79,6 +81,7 @@ class GenerationConfig:
     temperature: float = 0.0
     stop: tuple[str, ...] = ()
     context_tokens: int = 1536
+    max_question_tokens: int = 512
     passages: int = 5
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     tokenizer: str = ""
@@ -90,6 +93,8 @@ class GenerationConfig:
                              f"{self.max_tokens_limit}")
         if self.context_tokens < 64 or self.passages < 1 or not 0.0 <= self.temperature <= 2.0:
             raise ValueError("generation needs context_tokens >= 64, passages >= 1 and 0 <= temperature <= 2")
+        if self.max_question_tokens < 16:
+            raise ValueError(f"generation needs max_question_tokens >= 16, got {self.max_question_tokens}")
 
 
 def route(question: str, config: RoutingConfig) -> str:

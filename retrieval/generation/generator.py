@@ -140,7 +140,8 @@ class Generator:
         passages = [ContextPassage(index.documents[d].id, index.documents[d].title, index.passage(int(c)))
                     for d, c in zip(result.hits.doc.tolist(), result.hits.chunk.tolist(), strict=True)]
         prompt = build_prompt(question, passages, counter=self.counter, budget_tokens=self.config.context_tokens,
-                              system_prompt=self.config.system_prompt)
+                              system_prompt=self.config.system_prompt,
+                              max_question_tokens=self.config.max_question_tokens)
         if self._ready is not None:
             await self._wait_ready(deadline)
         t_gen = time.perf_counter()

@@ -141,6 +141,7 @@ class Prompt:
     passages_used: int  # how many of the given passages are in the context (the last one possibly cut)
     truncated: bool  # the last passage used was cut to fit the budget
     context_tokens: int  # tokens of the context blocks, by the counter
+    question_truncated: bool = False  # the question was cut to max_question_tokens
 
 
 def format_passage(number: int, p: ContextPassage) -> str:
@@ -149,8 +150,14 @@ def format_passage(number: int, p: ContextPassage) -> str:
 
 
 def build_prompt(question: str, passages: Sequence[ContextPassage], *, counter: TokenCounter, budget_tokens: int,
-                 system_prompt: str = DEFAULT_SYSTEM_PROMPT, min_tail_tokens: int = 32) -> Prompt:
-    """Chat messages for ``question`` over ``passages`` (best first), the context within ``budget_tokens``."""
+                 system_prompt: str = DEFAULT_SYSTEM_PROMPT, min_tail_tokens: int = 32,
+                 max_question_tokens: int = 0) -> Prompt:
+    """Chat messages for ``question`` over ``passages`` (best first), the context within ``budget_tokens``; the
+    question cut to ``max_question_tokens`` when > 0."""
+    question = question.strip()
+    question_truncated = False
+    if max_question_tokens > 0 and counter.count(question) > max_question_tokens:
+        question, question_truncated = counter.truncate(question, max_question_tokens).rstrip(), True
     blocks: list[str] = []
     used = 0
     truncated = False
@@ -170,6 +177,7 @@ def build_prompt(question: str, passages: Sequence[ContextPassage], *, counter: 
             truncated = True
         break
     context = "\n\n".join(blocks) if blocks else "(no passages were found)"
-    user = f"Context:\n\n{context}\n\nQuestion: {question.strip()}"
+    user = f"Context:\n\n{context}\n\nQuestion: {question}"
     return Prompt([{"role": "system", "content": system_prompt}, {"role": "user", "content": user}],
-                  passages_used=len(blocks), truncated=truncated, context_tokens=used)
+                  passages_used=len(blocks), truncated=truncated, context_tokens=used,
+                  question_truncated=question_truncated)

@@ -70,7 +70,11 @@ class FirstStageConfig:
     candidates: int = 100
     max_k: int = 100
     max_candidates: int = 1000
-    max_query_chars: int = 2048
+    # An abuse bound, not a use bound: whole passages are normal queries for "find the related passage /
+    # counter-argument / similar case" workloads (issue #23; 2,048 refused a quarter of an argument-retrieval
+    # set). The encoders truncate at their max_length; BM25 reads every term (analysis is linear: a 32 KiB query
+    # costs about a millisecond); Generate cuts the question to generation.max_question_tokens.
+    max_query_chars: int = 32_768
     parallel: bool = True  # BM25 and dense search run concurrently in the worker pool
     workers: int = 4
     # BLAS threads for the pipeline's numpy work (MaxSim): its small matrix products gain nothing from threads,
