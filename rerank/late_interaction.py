@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rerank.interpolation import blend_with_prior
-from rerank.maxsim import maxsim_batch
+from rerank.maxsim import token_maxsims
+
+SCORES = ("maxsim", "token_z")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,24 @@ def rerank_head(first_scores: np.ndarray, n: int, weight: float = 1.0) -> Reorde
     return Reordering(order, scores)
 
 
+def head_scores(per_token: np.ndarray, score: str = "maxsim") -> np.ndarray:
+    """The head's scores from its per-token best similarities ``per_token`` [head, q] (see
+    :meth:`LateInteractionReranker.scores`), float32 [head].
+
+    >>> t = np.array([[0.9, 0.2], [0.5, 0.9], [0.7, 0.3]], dtype=np.float32)
+    >>> [round(float(x), 2) for x in head_scores(t)]  # MaxSim: raw similarities summed; passage 1 leads
+    [1.1, 1.4, 1.0]
+    >>> np.argsort(-head_scores(t, "token_z")).tolist()  # each token z-scored over the head: passage 0 leads
+    [0, 1, 2]
+    """
+    if score == "maxsim":
+        return per_token.sum(axis=1).astype(np.float32)
+    if score == "token_z":
+        z = (per_token - per_token.mean(axis=0)) / (per_token.std(axis=0) + 1e-6)
+        return z.mean(axis=1).astype(np.float32)
+    raise ValueError(f"unknown late-interaction score {score!r} (known: {', '.join(SCORES)})")
+
+
 class LateInteractionReranker:
     """MaxSim over the candidate chunks' stored token vectors (``vectors`` [T, d] float16, or int8 with per-vector
     ``scales`` [T]; ``offsets`` [chunks + 1])."""
@@ -45,9 +65,17 @@ class LateInteractionReranker:
         self.offsets = offsets
         self.scales = scales
 
-    def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0) -> Reordering:
-        """Reorder the first ``top_k`` of ``chunks`` (int [n], each candidate's passage) by MaxSim (blended with
-        the incoming order when ``weight`` < 1)."""
+    def scores(self, query_tokens: np.ndarray, head: np.ndarray, score: str = "maxsim") -> np.ndarray:
+        """One score per head chunk, float32 [len(head)]: ``maxsim`` (the sum over query tokens of each token's
+        best similarity) or ``token_z`` (each query token's best similarities z-scored over the head, averaged:
+        every query token gets the same say, whatever the spread of its similarities)."""
+        per_token = token_maxsims(query_tokens, self.vectors, self.offsets, np.asarray(head, dtype=np.int64),
+                                  self.scales)  # [head, q]
+        return head_scores(per_token, score)
+
+    def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0,
+               score: str = "maxsim") -> Reordering:
+        """Reorder the first ``top_k`` of ``chunks`` (int [n], each candidate's passage) by :meth:`scores`
+        (blended with the incoming order when ``weight`` < 1)."""
         head = np.asarray(chunks[:top_k], dtype=np.int64)
-        return rerank_head(maxsim_batch(query_tokens, self.vectors, self.offsets, head, self.scales), len(chunks),
-                           weight)
+        return rerank_head(self.scores(query_tokens, head, score), len(chunks), weight)

@@ -185,6 +185,12 @@ def _stage_label(name: str, rerank: dict[str, Any]) -> str:
     """A reranked stage's name with the blend weight it was served at, when it blends (< 1)."""
     keys = {"late_interaction": ("li_weight",), "cross_encoder": ("ce_weight",), "cascade": ("li_weight", "ce_weight")}
     blends = [f"{k} {rerank[k]}" for k in keys.get(name, ()) if rerank.get(k, 1.0) < 1.0]
+    if "li_weight" in keys.get(name, ()):
+        if rerank.get("li_long_query_tokens", 0):
+            blends.append(f"li_long_weight {rerank.get('li_long_weight', 1.0)} over {rerank['li_long_query_tokens']} "
+                          "tokens")
+        if rerank.get("li_score", "maxsim") != "maxsim":
+            blends.append(f"li_score {rerank['li_score']}")
     return f"{name} ({', '.join(blends)})" if blends else name
 
 

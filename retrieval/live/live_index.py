@@ -63,8 +63,8 @@ from index_builder.chunking import ChunkConfig, Chunker
 from index_builder.models import Embedder, EmbedderConfig
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenEncoderConfig, TokenStore
 from index_builder.types import Document, Hits
-from rerank.late_interaction import Reordering, rerank_head
-from rerank.maxsim import maxsim_batch
+from rerank.late_interaction import Reordering, head_scores, rerank_head
+from rerank.maxsim import token_maxsims
 from retrieval.errors import DeadlineExceeded, InvalidRequest, Overloaded
 from retrieval.live.buffer import BufferState, Encoded, build_postings
 from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, DocumentStore, WriteResult, validate_document
@@ -290,15 +290,16 @@ class _LiveLate:
     def __init__(self, view: LiveView) -> None:
         self.view = view
 
-    def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0) -> Reordering:
+    def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0,
+               score: str = "maxsim") -> Reordering:
         v = self.view
         late = v.base.late
         assert late is not None
         head = np.asarray(chunks[:top_k], dtype=np.int64)
-        scores = np.zeros(len(head), dtype=np.float32)
+        per_token = np.zeros((len(head), len(query_tokens)), dtype=np.float32)
         in_base = head < v.n_base_chunks
         if in_base.any():
-            scores[in_base] = maxsim_batch(query_tokens, late.vectors, late.offsets, head[in_base], late.scales)
+            per_token[in_base] = token_maxsims(query_tokens, late.vectors, late.offsets, head[in_base], late.scales)
         buffered = np.flatnonzero(~in_base)
         if len(buffered):
             st = v.state
@@ -308,9 +309,9 @@ class _LiveLate:
             for j in np.unique(seg_of).tolist():
                 sel = seg_of == j
                 t = st.segments[j].tokens
-                scores[buffered[sel]] = maxsim_batch(query_tokens, t.vectors, t.offsets, local[sel] - offsets[j],
-                                                     t.scales)
-        return rerank_head(scores, len(chunks), weight)
+                per_token[buffered[sel]] = token_maxsims(query_tokens, t.vectors, t.offsets, local[sel] - offsets[j],
+                                                         t.scales)
+        return rerank_head(head_scores(per_token, score), len(chunks), weight)
 
 
 class LiveSettings(IndexSettings, Protocol):

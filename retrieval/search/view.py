@@ -37,7 +37,8 @@ class VectorSearch(Protocol):
 
 
 class LateInteraction(Protocol):
-    def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0) -> Reordering:
+    def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0,
+               score: str = "maxsim") -> Reordering:
         """MaxSim of the first ``top_k`` of ``chunks`` against the query's token vectors."""
 
 

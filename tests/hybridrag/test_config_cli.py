@@ -65,7 +65,7 @@ def test_quickstart_builds_searches_and_generates(tmp_path, capsys):
 def _eval_json(tmp_path, index_dir, name: str, li_weight: float = 1.0) -> Path:
     """A real `hybridrag eval --json` on the sample corpus (late interaction blended at ``li_weight``)."""
     config = tmp_path / f"{name}.toml"
-    config.write_text(f"[rerank]\nli_weight = {li_weight}\n")
+    config.write_text(f"[rerank]\nli_weight = {li_weight}\nli_long_query_tokens = 0\n")
     out = tmp_path / f"{name}.json"
     assert main(["eval", "--dataset", str(SAMPLE), "--index", str(index_dir), "--rerank", "late_interaction",
                  "--config", str(config), "--json", str(out), "--quiet"]) == 0

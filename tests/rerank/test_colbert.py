@@ -4,6 +4,7 @@ are checked against numpy; then int8 token storage, and the model serving throug
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -126,7 +127,8 @@ def test_colbert_serves_through_the_cascade(tiny, sample_index_dir, tmp_path, co
     index = SearchIndex.load(tmp_path, config, embedder)
     assert index.late is not None and index.late.scales is not None
     query = "How do honeybees tell the hive where the nectar is?"
-    with_colbert = Pipeline(index, embedder, config, token_encoder=enc)
+    alone = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, li_weight=1.0))  # raw MaxSim
+    with_colbert = Pipeline(index, embedder, alone, token_encoder=enc)
     try:
         res = with_colbert.search(query, k=10, stages=("bm25", "dense", "late_interaction"), li_top_k=8)
         fused, li = res.stages["fused"], res.stages["late_interaction"]

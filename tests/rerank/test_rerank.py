@@ -54,11 +54,15 @@ def test_li_weight_blends_maxsim_with_the_fused_order(sample_index, embedder, co
             res = p.search(query, k=30, stages=("bm25", "dense", "late_interaction"), use_cache=False)
         finally:
             p.close()
-        orders[w] = res.stages["late_interaction"].doc.tolist()
         fused = res.stages["fused"]
+        if w == 0.0:  # weight 0: the stage does not run, and says so
+            assert "late_interaction" not in res.stages and "li_weight = 0" in res.skipped["late_interaction"]
+            orders[w] = res.hits.doc.tolist()
+        else:
+            orders[w] = res.stages["late_interaction"].doc.tolist()
     top = config.rerank.li_top_k
-    assert orders[0.0] == fused.doc.tolist()
-    assert orders[1.0] != orders[0.0] and orders[0.5] not in (orders[0.0], orders[1.0])
+    assert orders[0.0] == fused.doc[:30].tolist()
+    assert orders[1.0][:30] != orders[0.0] and orders[0.5][:30] not in (orders[0.0], orders[1.0][:30])
     late = sample_index.late
     tokens = EmbedderTokens(embedder).encode_queries([query])[0]  # the default token encoder
     pure = maxsim_batch(tokens, late.vectors, late.offsets, fused.chunk[:top], late.scales)
@@ -95,3 +99,60 @@ def test_cross_encoder_stage_skipped_without_a_model_and_scores_with_one(sample_
     batched = ce.score_pairs(query, passages)
     np.testing.assert_allclose(batched, one_by_one, atol=1e-4)  # batched (padded) equals one by one
     assert sample_index.documents[ce_hits.doc[0]].id == "bio-012"
+
+
+def test_long_queries_take_their_own_weight_and_say_so(sample_index, embedder, config):
+    """``li_long_query_tokens`` / ``li_long_weight`` (issue #23): a query over the length bound is blended at its own
+    weight; at 0 the stage is not run, the response says why, and the result is not marked degraded."""
+    import dataclasses
+
+    from index_builder.token_encoders import EmbedderTokens
+
+    short, long = "which planet has the largest volcano", ("the largest volcano on any planet in the solar system "
+                                                          "rises far above the surrounding plains of Mars") * 3
+    n_short, n_long = (len(EmbedderTokens(embedder).encode_queries([q])[0]) for q in (short, long))
+    bound = (n_short + n_long) // 2
+    assert n_short <= bound < n_long
+    cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, li_weight=1.0,
+                                                                 li_long_query_tokens=bound, li_long_weight=0.0))
+    p = Pipeline(sample_index, embedder, cfg)
+    plain = Pipeline(sample_index, embedder, dataclasses.replace(config, rerank=dataclasses.replace(
+        config.rerank, li_weight=1.0, li_long_query_tokens=0)))
+    try:
+        s = p.search(short, 30, use_cache=False)
+        assert "late_interaction" in s.stages and "late_interaction" not in s.skipped
+        assert s.hits.doc.tolist() == plain.search(short, 30, use_cache=False).hits.doc.tolist()
+        r = p.search(long, 30, use_cache=False)
+        assert "late_interaction" not in r.stages and not r.degraded
+        assert f"{n_long} query tokens > rerank.li_long_query_tokens ({bound})" in r.skipped["late_interaction"]
+        assert r.hits.doc.tolist() == r.stages["fused"].doc[:30].tolist()
+    finally:
+        p.close()
+        plain.close()
+    assert cfg.rerank.li_weight_for(n_long) == 0.0 and cfg.rerank.li_weight_for(n_short) == 1.0
+
+
+def test_token_standardised_scores_serve_the_order_they_compute(sample_index, embedder, config):
+    """``li_score = "token_z"``: the served head is ordered by each query token's z-scored best similarities,
+    averaged (rerank.late_interaction.head_scores), computed here from the stored token vectors by hand."""
+    import dataclasses
+
+    from index_builder.token_encoders import EmbedderTokens
+
+    query = "why is the sky blue during the day but red at sunset"
+    cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, li_weight=1.0, li_score="token_z"))
+    p = Pipeline(sample_index, embedder, cfg)
+    try:
+        res = p.search(query, 30, stages=("bm25", "dense", "late_interaction"), use_cache=False)
+    finally:
+        p.close()
+    fused, top = res.stages["fused"], config.rerank.li_top_k
+    late = sample_index.late
+    tokens = EmbedderTokens(embedder).encode_queries([query])[0]
+    per_token = np.stack([[max(float(t @ v) for v in late.vectors[late.offsets[c]:late.offsets[c + 1]].astype(np.float32)
+                                                 * late.scales[late.offsets[c]:late.offsets[c + 1], None])
+                           for t in tokens] for c in fused.chunk[:top]])
+    z = ((per_token - per_token.mean(axis=0)) / (per_token.std(axis=0) + 1e-6)).mean(axis=1)
+    assert res.stages["late_interaction"].doc[:top].tolist() == fused.doc[:top][np.argsort(-z, kind="stable")].tolist()
+    with pytest.raises(ValueError, match="li_score must be one of maxsim, token_z"):
+        dataclasses.replace(config.rerank, li_score="mean")

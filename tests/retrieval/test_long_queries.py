@@ -3,6 +3,7 @@ evaluation reports a refused query and goes on instead of aborting the run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -14,6 +15,7 @@ from hybridrag.cli import main
 from retrieval.config import ServerConfig
 from retrieval.evaluate import evaluate, judged_queries, load_qrels
 from retrieval.generation.prompt import ContextPassage, build_prompt, make_counter
+from retrieval.search.pipeline import Pipeline
 from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.serving.grpc_service import BackgroundServer
 from tests.helpers import SAMPLE
@@ -25,13 +27,23 @@ def _long_query(doc, chars: int) -> str:
     return (" ".join([text] * (chars // len(text) + 1)))[:chars]
 
 
-def test_a_passage_sized_query_is_served_by_every_stage_and_over_grpc(pipeline, sample_docs):
+def test_a_passage_sized_query_is_served_by_every_stage_and_over_grpc(pipeline, sample_docs, sample_index, embedder,
+                                                                     config):
     doc = sample_docs[7]
     query = _long_query(doc, 20_000)
     assert 2_048 < len(query) <= pipeline.config.first_stage.max_query_chars
-    res = pipeline.search(query, 10, use_cache=False)  # the default stages: bm25, dense, late interaction
-    assert set(res.stages) >= {"bm25", "dense", "fused", "late_interaction"} and not res.degraded
+    res = pipeline.search(query, 10, use_cache=False)  # the defaults: late interaction skipped over 128 tokens
+    assert set(res.stages) >= {"bm25", "dense", "fused"} and not res.degraded
+    assert "254 query tokens > rerank.li_long_query_tokens (128)" in res.skipped["late_interaction"]
     assert pipeline.index.documents[int(res.hits.doc[0])].id == doc.id
+    ungated = Pipeline(sample_index, embedder, dataclasses.replace(config, rerank=dataclasses.replace(
+        config.rerank, li_long_query_tokens=0)))
+    try:  # late interaction over the truncated query's 254 token vectors, when configured to run
+        forced = ungated.search(query, 10, use_cache=False)
+        assert "late_interaction" in forced.stages and not forced.skipped
+        assert ungated.index.documents[int(forced.hits.doc[0])].id == doc.id
+    finally:
+        ungated.close()
     server = BackgroundServer(pipeline, ServerConfig(port=0))
     try:
         with RetrieverClient(server.target, ClientOptions(retry=RetryPolicy(attempts=1))) as c:
