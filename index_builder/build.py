@@ -134,6 +134,13 @@ def build_snapshot(docs: Sequence[Document], root: Path, config: BuildConfig, em
     chunks = Chunker(embedder.files.tokenizer_path, config.chunking).chunk(docs)
     passages = chunk_passages(docs, chunks)
     timings["chunk"] = time.perf_counter() - t
+    window = embedder.config.max_length - 2  # [CLS] and [SEP]
+    if config.chunking.max_tokens > window:
+        log.warning("chunks of up to %d word pieces exceed the embedder's window (%d): dense and token vectors see "
+                    "only each chunk's first %d pieces; late interaction over such vectors lost to the fused list "
+                    "(SciFact test, 480-piece chunks at max_length 128: 0.6960 against 0.7162). Set [chunking] "
+                    "max_tokens <= %d (room for the title) for the full passage", config.chunking.max_tokens,
+                    window + 2, window, window + 2 - 32)
 
     t = time.perf_counter()
     analyzer = Analyzer(config.analyzer)

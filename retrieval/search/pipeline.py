@@ -142,17 +142,23 @@ class RerankConfig:
             raise ValueError(f"li_long_query_tokens must be >= 0 (0 = one weight for every query), "
                              f"got {self.li_long_query_tokens}")
 
-    def li_weight_for(self, query_tokens: int) -> float:
+    def is_long(self, query_tokens: int, truncated: bool = False) -> bool:
+        """A query of ``query_tokens`` token vectors is long when it has more than ``li_long_query_tokens``, or
+        when the encoder had to truncate it (a query longer than the encoder's window is a passage, whatever the
+        window: with a 128-piece encoder no query would otherwise pass 128)."""
+        return bool(self.li_long_query_tokens) and (query_tokens > self.li_long_query_tokens or truncated)
+
+    def li_weight_for(self, query_tokens: int, truncated: bool = False) -> float:
         """The late-interaction weight for a query of ``query_tokens`` token vectors.
 
         >>> RerankConfig(li_weight=0.5, li_long_query_tokens=0).li_weight_for(300)
         0.5
         >>> RerankConfig(li_weight=0.5, li_long_query_tokens=64, li_long_weight=0.0).li_weight_for(300)
         0.0
+        >>> RerankConfig(li_weight=0.5, li_long_query_tokens=128, li_long_weight=0.0).li_weight_for(126, True)
+        0.0
         """
-        if self.li_long_query_tokens and query_tokens > self.li_long_query_tokens:
-            return self.li_long_weight
-        return self.li_weight
+        return self.li_long_weight if self.is_long(query_tokens, truncated) else self.li_weight
 
 
 class SearchSettings(Protocol):
@@ -527,7 +533,10 @@ class Pipeline:
                 elif query_tokens is None:  # dense skipped or failed, or a vector was given: encode now
                     _, query_tokens, _ = await self.models.embed_query(query)
                 assert index.late is not None and query_tokens is not None
-                li_weight = rr.li_weight_for(len(query_tokens))
+                # the embedder's token vectors skip [CLS] and [SEP]: max_length - 2 of them = the query was cut
+                truncated = (self.models.embedder_tokens
+                             and len(query_tokens) >= self.embedder.config.max_length - 2)
+                li_weight = rr.li_weight_for(len(query_tokens), truncated)
                 if li_weight > 0.0:
                     current = reorder(current, await self._in_pool(index.late.rerank, query_tokens, current.chunk,
                                                                      li_top_k, li_weight, rr.li_score))
@@ -535,10 +544,11 @@ class Pipeline:
                 result.stages["late_interaction"] = current
                 result.timings_ms["late_interaction"] = ms = _ms(t)
                 self.latency.record("late_interaction", ms)
-            elif rr.li_long_query_tokens and len(query_tokens) > rr.li_long_query_tokens:  # a policy, not a
-                result.skipped["late_interaction"] = (  # degradation: the response says so
-                    f"long query: {len(query_tokens)} query tokens > rerank.li_long_query_tokens "
-                    f"({rr.li_long_query_tokens}) and rerank.li_long_weight = 0: the fused order is kept")
+            elif rr.is_long(len(query_tokens), truncated):  # a policy, not a degradation: the response says so
+                cut = f", cut at the encoder's {self.embedder.config.max_length} pieces" if truncated else ""
+                result.skipped["late_interaction"] = (
+                    f"long query: {len(query_tokens)} query tokens{cut} (rerank.li_long_query_tokens = "
+                    f"{rr.li_long_query_tokens}) and rerank.li_long_weight = 0: the fused order is kept")
             else:
                 result.skipped["late_interaction"] = "rerank.li_weight = 0: the fused order is kept"
         elif tokens_task is not None:

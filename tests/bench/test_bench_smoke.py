@@ -115,3 +115,33 @@ def test_load_bench_open_loop_rejects_past_max_in_flight(tmp_path, sample_index_
     status = entry["open_loop"]["150"]["status"]
     assert status.get("RESOURCE_EXHAUSTED", 0) > 0 and status.get("OK", 0) > 0
     assert entry["open_loop"]["150"]["rejected_p50_ms"] is not None
+
+
+def test_cascade_robustness_offline_figures_equal_the_served_ones(tmp_path, sample_index_dir):
+    """bench.cascade_robustness scores policies offline from stored arrays; a policy's figure must be what
+    `hybridrag eval` serves with that policy configured (here li_weight 0.5, no gate, on the sample corpus)."""
+    from bench.cascade_robustness import main as robustness
+    from bench.ood import build as build_ood
+    from hybridrag.cli import main as cli
+
+    sample = REPO / "data" / "sample"
+    build_ood(sample, "test", tmp_path / "docq")
+    out = tmp_path / "rob.json"
+    assert robustness(["--set", f"sample:tune:{sample}:{sample_index_dir}:test",
+                       "--set", f"docq:tune:{tmp_path / 'docq'}:{sample_index_dir}:test",
+                       "--set", f"sample-test:test:{sample}:{sample_index_dir}:test",
+                       "--bm25-grid", "--json", str(out), "--per-query", str(tmp_path / "pq.json")]) == 0
+    r = json.loads(out.read_text())
+    assert set(r["normalised_minus_plain"].values()) == {0.0}  # the blend's z-scores absorb any per-query scale
+    weights = {row["policy_label"]: row["ndcg"] for row in r["weights"]}
+    config = tmp_path / "c.toml"
+    config.write_text("[rerank]\nli_weight = 0.5\nli_long_query_tokens = 0\n")
+    served = tmp_path / "served.json"
+    assert cli(["eval", "--dataset", str(sample), "--index", str(sample_index_dir), "--rerank", "late_interaction",
+                "--config", str(config), "--json", str(served), "--quiet"]) == 0
+    stages = json.loads(served.read_text())["stages"]
+    assert weights["li_weight=0.5"]["sample"] == pytest.approx(stages["late_interaction"]["ndcg@10"], abs=6e-5)
+    assert r["sets"]["sample"]["fused"] == pytest.approx(stages["fused"]["ndcg@10"], abs=6e-5)
+    assert len(r["bm25_grid"]) == 25 and r["length_class_selection"]["chosen"]["policy"]["kind"] == "gate"
+    served_bm25 = next(g for g in r["bm25_grid"] if (g["k1"], g["b"]) == (0.9, 0.4))  # the build's own k1/b
+    assert served_bm25["bm25"]["sample"] == pytest.approx(stages["bm25"]["ndcg@10"], abs=6e-5)
