@@ -109,8 +109,8 @@ class RerankConfig:
 
     ``li_weight`` / ``ce_weight``: the stage's share in its head's new order; below 1 the stage's scores are blended
     with the order it received (:mod:`rerank.interpolation`; ``hybridrag train`` reports the best weight on dev).
-    1 = the stage alone. ``li_long_query_tokens`` > 0: queries with more query tokens (after the encoder's
-    truncation) take ``li_long_weight`` instead (0: late interaction is skipped for them). ``li_score``: ``maxsim``
+    1 = the stage alone. ``li_long_query_tokens`` > 0: queries with more query tokens, or that the encoder had
+    to cut, take ``li_long_weight`` instead (0: late interaction is skipped for them; :meth:`is_long`). ``li_score``: ``maxsim``
     or ``token_z`` (:func:`rerank.late_interaction.head_scores`; measured, not better: the default stays).
     """
 
