@@ -47,10 +47,10 @@ import numpy as np
 import pytrec_eval
 
 from index_builder.types import Hits
-from rerank.interpolation import blend_with_prior
+from rerank.late_interaction import head_scores, rerank_head
 from rerank.maxsim import token_maxsims
 from retrieval.config import load_config
-from retrieval.evaluate import judged_queries
+from retrieval.evaluate import docs_to_run, judged_queries
 from retrieval.search.bm25 import BM25Retriever
 from retrieval.search.pipeline import Pipeline
 
@@ -85,11 +85,6 @@ class QuerySet:
     index_dir: str = ""
 
 
-def _doc_run(pipeline: Pipeline, doc: np.ndarray) -> dict[str, float]:
-    n = len(doc)
-    return {pipeline.index.documents[d].id: float(n - r) for r, d in enumerate(doc.tolist())}
-
-
 class Scorer:
     """Per-query nDCG@10 (BEIR conventions: identical ids dropped, graded qrels)."""
 
@@ -99,15 +94,15 @@ class Scorer:
         self.evaluator = pytrec_eval.RelevanceEvaluator(judged, {"ndcg_cut.10"})
 
     def ndcg(self, runs: dict[str, np.ndarray]) -> dict[str, float]:
-        run = {q: {d: s for d, s in _doc_run(self.pipeline, doc).items() if d != q} for q, doc in runs.items()}
+        run = {q: {d: s for d, s in docs_to_run(self.pipeline.index, doc).items() if d != q}
+               for q, doc in runs.items()}
         scores = self.evaluator.evaluate(run)
         return {q: scores[q]["ndcg_cut_10"] if q in scores else 0.0 for q in runs}
 
 
 def reorder_head(doc: np.ndarray, scores: np.ndarray, weight: float) -> np.ndarray:
-    k = len(scores)
-    head = np.argsort(-blend_with_prior(scores, weight), kind="stable")
-    return np.concatenate([doc[:k][head], doc[k:]])
+    """``doc`` (int [n]) with its head (``len(scores)``) reordered as the served stage does."""
+    return doc[rerank_head(scores, len(doc), weight).order]
 
 
 def collect(pipeline: Pipeline, qs: QuerySet, *, with_ce: bool) -> None:
@@ -122,8 +117,7 @@ def collect(pipeline: Pipeline, qs: QuerySet, *, with_ce: bool) -> None:
         tokens = pipeline.token_encoder.encode_queries([text])[0]
         head = res.hits.chunk[:LI_TOP_K]
         per_token = token_maxsims(tokens, late.vectors, late.offsets, head, late.scales)  # [head, q]
-        li = per_token.sum(axis=1)
-        tokz = ((per_token - per_token.mean(axis=0)) / (per_token.std(axis=0) + 1e-6)).mean(axis=1)
+        li, tokz = head_scores(per_token, "maxsim"), head_scores(per_token, "token_z")
         ce = None
         if with_ce:
             assert pipeline.cross_encoder is not None
@@ -259,11 +253,9 @@ def cross_encoder_rows(scorers: dict[str, Scorer], sets: list[QuerySet], li_poli
                 assert q.ce is not None
                 li_w = weight_for(li_policy, q.n_tokens)
                 li = q.li if li_policy.get("score", "sum") == "sum" else q.tokz
-                order = np.argsort(-blend_with_prior(li, li_w), kind="stable")
-                head_doc = q.fused.doc[:LI_TOP_K][order]
-                ce = q.ce[order][:CE_TOP_K]
-                top = np.argsort(-blend_with_prior(ce, w), kind="stable")
-                runs[q.qid] = np.concatenate([head_doc[:CE_TOP_K][top], head_doc[CE_TOP_K:], q.fused.doc[LI_TOP_K:]])
+                order = rerank_head(li, len(q.fused.doc), li_w).order  # the late-interaction list
+                after_li = q.fused.doc[order]
+                runs[q.qid] = reorder_head(after_li, q.ce[order[:LI_TOP_K]][:CE_TOP_K], w)
             row["ndcg"][qs.name] = round(float(np.mean(list(scorers[qs.name].ndcg(runs).values()))), 4)
         rows.append(row)
     return rows

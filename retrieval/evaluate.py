@@ -87,8 +87,18 @@ def hits_to_run(index: IndexView, hits: Hits) -> dict[str, float]:
     """Document ids -> rank-based scores (n, n-1, ...): every tool that re-sorts by score (pytrec_eval, trec_eval)
     then sees exactly the ranking we serve, ties and reranked heads included (a reranked head carries the
     reranker's scores, its tail the previous stage's: not comparable, so raw scores must not be re-sorted)."""
-    n = len(hits)
-    return {index.documents[d].id: float(n - rank) for rank, d in enumerate(hits.doc.tolist())}
+    return docs_to_run(index, hits.doc)
+
+
+def docs_to_run(index: IndexView, doc: np.ndarray) -> dict[str, float]:
+    """:func:`hits_to_run` for a ranking given as document numbers (int [n], best first)."""
+    n = len(doc)
+    return {index.documents[d].id: float(n - rank) for rank, d in enumerate(doc.tolist())}
+
+
+def _why(e: Exception) -> str:
+    """A failed query's reason as recorded: the error's type and message, cut to 500 characters."""
+    return f"{type(e).__name__}: {e}"[:500]
 
 
 def write_trec(path: Path, run: Run, tag: str) -> None:
@@ -139,7 +149,7 @@ def run_stages(pipeline: Pipeline, queries: Mapping[str, str], *, depth: int = 1
             hits = fn(*args)
         except Exception as e:  # noqa: BLE001 -- a refused or failed query is reported, never aborts the run
             for name in names:
-                stages[name].failed[qid] = f"{type(e).__name__}: {e}"[:500]
+                stages[name].failed[qid] = _why(e)
             return False
         record(names[0], qid, hits, extra_s + time.perf_counter() - t)
         return True
@@ -153,7 +163,7 @@ def run_stages(pipeline: Pipeline, queries: Mapping[str, str], *, depth: int = 1
             pipeline.resolve(SearchRequest.of(text, depth, candidates=depth))
         except Exception as e:  # noqa: BLE001
             for st in stages.values():
-                st.failed[qid] = f"{type(e).__name__}: {e}"[:500]
+                st.failed[qid] = _why(e)
             if progress:
                 progress(i + 1)
             continue
@@ -164,7 +174,7 @@ def run_stages(pipeline: Pipeline, queries: Mapping[str, str], *, depth: int = 1
                 vec = pipeline.embed_query(text)
             except Exception as e:  # noqa: BLE001
                 for name in ("dense", "dense_exact"):
-                    stages[name].failed[qid] = f"{type(e).__name__}: {e}"[:500]
+                    stages[name].failed[qid] = _why(e)
             else:
                 embed_s = time.perf_counter() - t
                 attempt(["dense"], qid, index.dense.search, vec, depth, extra_s=embed_s)
