@@ -66,6 +66,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         store.close()
     summary = build_snapshot(docs, Path(args.out), config.build_config(), progress=not args.quiet, covered_seq=seq)
     print(summary.line() + "; stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.timings.items()))
+    if config.backend.kind != "local":  # the snapshot is the build's product; the engine gets a copy of it
+        return _migrate(Path(args.out), config, replace=True)
     return 0
 
 
@@ -99,10 +101,42 @@ def cmd_index_rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_pipeline(index_dir: Path, config):
-    from retrieval.search.pipeline import Pipeline
+def _open_pipeline(index_dir: Path | None, config):
+    from retrieval.app import open_pipeline
 
-    return Pipeline.open(index_dir, config)
+    return open_pipeline(index_dir, config)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if config.backend.kind == "local":
+        print("hybridrag migrate: the configuration's [backend] kind is 'local'; set kind = \"qdrant\" and its "
+              "location", file=sys.stderr)
+        return 2
+    return _migrate(Path(args.index), config, replace=args.replace)
+
+
+def _migrate(index_dir: Path, config, *, replace: bool) -> int:
+    from index_builder.build import expected_settings
+    from index_builder.models import Embedder
+    from index_builder.snapshot import load_snapshot
+    from retrieval.engines.qdrant import QdrantEngine
+
+    if config.backend.location == ":memory:":
+        print("hybridrag: [backend] location ':memory:' lives only inside one process; give a folder or a URL "
+              "(serve/eval/search migrate a --index snapshot into memory themselves)", file=sys.stderr)
+        return 2
+    snap = load_snapshot(index_dir, expected=expected_settings(config.build_config(), Embedder(config.embedder)),
+                         checksums=config.index.verify_checksums)
+    engine = QdrantEngine(config.backend)
+    try:
+        info = engine.migrate(snap, replace=replace, progress=True)
+    finally:
+        engine.close()
+    print(f"migrated {info['documents']} documents / {info['chunks']} chunks (generation {info['generation']}, "
+          f"token vectors: {info['token_vectors']}) into {config.backend.describe()} in {info['seconds']} s "
+          "(vectors reused, nothing re-embedded)")
+    return 0
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -229,7 +263,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for handler in root.handlers:
             handler.setFormatter(JsonLogFormatter())
     keys = load_api_keys(config.server.api_keys_file, os.environ.get("HYBRIDRAG_API_KEYS", ""))
-    asyncio.run(serve(Path(args.index), config, keys, Path(args.store) if args.store else None))
+    if not args.index and config.backend.kind == "local":
+        print("hybridrag serve: give --index DIR (or configure an engine backend: [backend] kind = \"qdrant\")",
+              file=sys.stderr)
+        return 2
+    asyncio.run(serve(Path(args.index) if args.index else None, config, keys,
+                      Path(args.store) if args.store else None))
+    return 0
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    from retrieval.engines.qdrant_host import serve_host
+
+    logging.getLogger().setLevel(logging.INFO)
+    serve_host(args.location, args.host, args.port)
     return 0
 
 
@@ -403,7 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(sub)
 
     p = sub.add_parser("serve", help="serve an index over gRPC (hybridrag.v1.Retriever, health, reflection)")
-    p.add_argument("--index", required=True, help="index root (CURRENT -> snapshot)")
+    p.add_argument("--index", help="index root (CURRENT -> snapshot); with [backend] kind = \"qdrant\" the "
+                   "collection is served (a location ':memory:' migrates this snapshot into it first)")
     p.add_argument("--port", type=int, help="listen port (default: [server] port, 50051; 0 = any free port)")
     p.add_argument("--host", help="listen address (default: [server] host, 127.0.0.1)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default: [metrics] port, 9464; "
@@ -412,6 +460,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="document store (SQLite) for Upsert/Delete; writes after the snapshot are replayed")
     _add_common(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("migrate", help="copy a built snapshot into the configured engine backend ([backend] kind = "
+                                       "\"qdrant\"), reusing its vectors")
+    p.add_argument("--index", required=True, help="index root (CURRENT -> snapshot)")
+    p.add_argument("--replace", action="store_true", help="overwrite an existing collection of that name")
+    _add_common(p)
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("engine", help="a development Qdrant host: Qdrant's local engine over its REST API, so "
+                                      "several replicas can share one engine where no Qdrant server is installed")
+    p.add_argument("--location", required=True, help="folder for the engine's data (':memory:' = none)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=6333)
+    _add_common(p)
+    p.set_defaults(func=cmd_engine)
 
     p = sub.add_parser("query", help="ask a running server (API key from HYBRIDRAG_API_KEY)")
     p.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT")

@@ -11,20 +11,89 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from index_builder.errors import HybridRagError
+from opentelemetry.trace import Tracer
+
+from index_builder.build import expected_settings
+from index_builder.errors import ConfigError, HybridRagError
+from index_builder.models import Embedder
 from retrieval.config import AppConfig
 from retrieval.generation.generator import open_generator
 from retrieval.live.live_index import LiveIndex
 from retrieval.live.store import DocumentStore
-from retrieval.observability.tracing import Tracing, make_tracing
+from retrieval.observability.tracing import NO_TRACER, Tracing, make_tracing
 from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
+from retrieval.search.semantic_cache import SemanticCache
 from retrieval.serving.grpc_service import create_server
 
 log = logging.getLogger(__name__)
 
 
-async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, frozenset[str]] | None = None,
+def open_index(index_dir: Path | None, config: AppConfig, embedder: Embedder):
+    """The first stage the configuration names (``[backend]``): the snapshot under ``index_dir``, or the Qdrant
+    collection (with ``location = ":memory:"`` the snapshot under ``index_dir`` is migrated into it first)."""
+    b = config.backend
+    if b.kind == "local":
+        if index_dir is None:
+            raise ConfigError("the local backend serves a snapshot: give --index DIR (or set [backend] kind = "
+                              "\"qdrant\")")
+        return SearchIndex.load(index_dir, config, embedder)
+    from retrieval.engines.qdrant import QdrantEngine, QdrantView
+
+    engine = QdrantEngine(b)
+    if not engine.exists() and b.location == ":memory:" and index_dir is not None:
+        snap = SearchIndex.load(index_dir, config, embedder).snapshot  # verified against the configuration
+        info = engine.migrate(snap)
+        log.info("migrated %s into the in-process Qdrant engine: %s", index_dir, info)
+    return QdrantView.open(engine, expected_settings(config.build_config(), embedder))
+
+
+def open_cache(config: AppConfig):
+    """The configured result cache: shared through Redis (``cache.redis_url``), in-process, or none."""
+    if not config.cache.enabled:
+        return None
+    if config.cache.redis_url:
+        from retrieval.search.shared_cache import SharedCache
+
+        return SharedCache(config.cache)
+    return SemanticCache(config.cache)
+
+
+def open_pipeline(index_dir: Path | None, config: AppConfig, tracer: Tracer = NO_TRACER) -> Pipeline:
+    """Models, the first stage of the configured backend and the cache: what every command and the server
+    search with."""
+    embedder = Embedder(config.embedder)
+    return Pipeline.over(open_index(index_dir, config, embedder), embedder, config, tracer, cache=open_cache(config))
+
+
+def open_writes(pipeline: Pipeline, config: AppConfig, store_path: Path | None):
+    """Where writes go: the engine (engine backend), or the live index over the document store (``--store``);
+    None = this server is read-only."""
+    cache = pipeline.cache
+    if config.backend.kind != "local":
+        if store_path is not None:
+            raise ConfigError("--store is for the local backend: on an engine backend writes go to the engine")
+        from retrieval.engines.qdrant import EngineWriter
+
+        shared = getattr(cache, "shared", False)
+        writer = EngineWriter(pipeline.index, pipeline.embedder, pipeline.token_encoder, config.chunking,
+                              version=cache.bump if shared else None)
+        if cache is not None and not shared:
+            writer.on_write(cache.invalidate_docs)
+        return writer
+    if store_path is None:
+        return None
+    base = pipeline.index
+    assert isinstance(base, SearchIndex)  # the local backend serves a snapshot; the live index goes over it
+    live = LiveIndex(base, DocumentStore(store_path), pipeline.embedder, pipeline.token_encoder, config)
+    live.on_publish(pipeline.publish)
+    if cache is not None:
+        live.on_write(cache.invalidate_docs)
+    live.start_auto_rebuild()
+    return live
+
+
+async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping[str, frozenset[str]] | None = None,
                 store_path: Path | None = None) -> None:
     """Listen at once (health NOT_SERVING), load the index and models, turn SERVING, serve until SIGTERM/SIGINT,
     then drain gracefully."""
@@ -42,17 +111,8 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
     pipeline = None
     live = None
     try:
-        pipeline = await loop.run_in_executor(None, Pipeline.open, index_dir, app_config, tracing.tracer)
-        if store_path is not None:
-            store = DocumentStore(store_path)
-            base = pipeline.index
-            assert isinstance(base, SearchIndex)  # Pipeline.open serves a snapshot; the live index goes over it
-            live = await loop.run_in_executor(None, LiveIndex, base, store, pipeline.embedder, pipeline.token_encoder,
-                                              app_config)
-            live.on_publish(pipeline.publish)
-            if pipeline.cache is not None:
-                live.on_write(pipeline.cache.invalidate_docs)
-            live.start_auto_rebuild()
+        pipeline = await loop.run_in_executor(None, open_pipeline, index_dir, app_config, tracing.tracer)
+        live = await loop.run_in_executor(None, open_writes, pipeline, app_config, store_path)
         try:
             setup = await loop.run_in_executor(None, open_generator, pipeline, app_config.generation, pipeline.cache)
             running.state.generation = setup
@@ -64,7 +124,8 @@ async def serve(index_dir: Path, app_config: AppConfig, api_keys: Mapping[str, f
             log.warning("%s", running.state.generation_error)
         running.state.attach(pipeline, live)
         await running.set_serving(True)
-        log.info("hybridrag serving %s (generation %d) on port %d", index_dir, pipeline.index.generation, running.port)
+        log.info("hybridrag serving %s (%s, generation %d) on port %d", index_dir or "", app_config.backend.describe(),
+                 pipeline.index.generation, running.port)
         await stop.wait()
     finally:
         log.info("hybridrag stopping: draining in-flight calls (grace %.1f s)", config.grace_s)

@@ -231,7 +231,7 @@ class GetIndexStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class IndexStatus(_message.Message):
-    __slots__ = ("generation", "documents", "chunks", "buffered_writes", "last_rebuild", "models", "dense_available", "dense_error", "late_interaction_available", "snapshot_path", "cache", "generation_backend")
+    __slots__ = ("generation", "documents", "chunks", "buffered_writes", "last_rebuild", "models", "dense_available", "dense_error", "late_interaction_available", "snapshot_path", "cache", "generation_backend", "backend")
     class ModelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +258,7 @@ class IndexStatus(_message.Message):
     SNAPSHOT_PATH_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     generation: int
     documents: int
     chunks: int
@@ -270,4 +271,5 @@ class IndexStatus(_message.Message):
     snapshot_path: str
     cache: _containers.ScalarMap[str, float]
     generation_backend: str
-    def __init__(self, generation: _Optional[int] = ..., documents: _Optional[int] = ..., chunks: _Optional[int] = ..., buffered_writes: _Optional[int] = ..., last_rebuild: _Optional[str] = ..., models: _Optional[_Mapping[str, str]] = ..., dense_available: _Optional[bool] = ..., dense_error: _Optional[str] = ..., late_interaction_available: _Optional[bool] = ..., snapshot_path: _Optional[str] = ..., cache: _Optional[_Mapping[str, float]] = ..., generation_backend: _Optional[str] = ...) -> None: ...
+    backend: str
+    def __init__(self, generation: _Optional[int] = ..., documents: _Optional[int] = ..., chunks: _Optional[int] = ..., buffered_writes: _Optional[int] = ..., last_rebuild: _Optional[str] = ..., models: _Optional[_Mapping[str, str]] = ..., dense_available: _Optional[bool] = ..., dense_error: _Optional[str] = ..., late_interaction_available: _Optional[bool] = ..., snapshot_path: _Optional[str] = ..., cache: _Optional[_Mapping[str, float]] = ..., generation_backend: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...

@@ -249,6 +249,10 @@ class ResultView:
         self.nbytes = sum(len(p) for p in self._passages.values()) + sum(
             len(d.title) + 64 * (1 + len(d.metadata)) for d in self.documents.values())
 
+    @property
+    def passages(self) -> dict[int, str]:
+        return self._passages
+
     def passage(self, chunk: int) -> str:
         return self._passages[chunk]
 
@@ -304,9 +308,16 @@ class Pipeline:
     def open(cls, index_dir: str | Path, config: OpenSettings, tracer: Tracer = NO_TRACER) -> Pipeline:
         """Load the models the configuration names and the snapshot ``index_dir/CURRENT`` points at."""
         embedder = Embedder(config.embedder)
-        index = SearchIndex.load(index_dir, config, embedder)
+        return cls.over(SearchIndex.load(index_dir, config, embedder), embedder, config, tracer)
+
+    @classmethod
+    def over(cls, index: IndexView, embedder: Embedder, config: OpenSettings, tracer: Tracer = NO_TRACER,
+             cache: Any = None) -> Pipeline:
+        """A pipeline over an opened index (any backend) with the configured cross-encoder and cache (``cache``:
+        one made by the caller, e.g. the shared one)."""
         cross_encoder = CrossEncoder(config.cross_encoder) if config.cross_encoder.model else None
-        cache = SemanticCache(config.cache) if config.cache.enabled else None
+        if cache is None and config.cache.enabled:
+            cache = SemanticCache(config.cache)
         return cls(index, embedder, config, cross_encoder=cross_encoder, cache=cache, tracer=tracer)
 
     # ------------------------------------------------------------------ lifecycle and entry points
@@ -434,6 +445,18 @@ class Pipeline:
             result.skipped["cross_encoder"] = "no cross-encoder model configured"
             want_ce = False
 
+        scope = None
+        if (self.cache is not None and use_cache and query_vec is None and "dense" in stages
+                and index.dense is not None):
+            scope = ("retrieve", filter, k, candidates, stages, li_top_k, ce_top_k, exact_dense)
+            t = time.perf_counter()
+            hit = self.cache.lookup_exact(scope, index.generation, query, epoch)
+            if hit is not None:  # an exact repeat: answered before anything is embedded
+                result.timings_ms["cache"] = _ms(t)
+                result.timings_ms["total"] = _ms(t_total)
+                return dataclasses.replace(hit.value, timings_ms=result.timings_ms, cache_hit=True,
+                                           cache_similarity=1.0)
+
         def run_bm25() -> tuple[Hits, float]:
             with child_span(tracer, "hybridrag.bm25", trace, {"candidates": candidates}):
                 t = time.perf_counter()
@@ -443,9 +466,7 @@ class Pipeline:
         if "bm25" in stages and self.config.first_stage.parallel and "dense" in stages:
             bm25_task = asyncio.ensure_future(self._in_pool(run_bm25))  # overlaps the embedding (wasted on a cache hit)
         query_tokens: np.ndarray | None = None
-        scope = None
-        if self.cache is not None and use_cache and query_vec is None and "dense" in stages and index.dense is not None:
-            scope = ("retrieve", filter, k, candidates, stages, li_top_k, ce_top_k, exact_dense)
+        if scope is not None:
             try:
                 with child_span(tracer, "hybridrag.embed", trace) as span:
                     t = time.perf_counter()
@@ -458,7 +479,7 @@ class Pipeline:
             if query_vec is not None and scope is not None:
                 with child_span(tracer, "hybridrag.cache_lookup", trace) as span:
                     t = time.perf_counter()
-                    hit = self.cache.lookup(scope, index.generation, query_vec, query)
+                    hit = self.cache.lookup(scope, index.generation, query_vec, query, epoch)
                     result.timings_ms["cache"] = _ms(t)
                     span.set_attribute("hit", hit is not None)
                 if hit is not None:

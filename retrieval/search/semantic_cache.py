@@ -52,6 +52,10 @@ class SemanticCacheConfig:
     # All entries together, as the callers estimate them (result arrays, passages, the answer, the query and its
     # vector, the scope's filter): a bound in bytes, because entries differ a lot in size.
     max_bytes: int = 256 * 2**20
+    # Shared across replicas (retrieval.search.shared_cache): a redis:// URL; "" = this process only.
+    redis_url: str = ""
+    redis_namespace: str = "hybridrag"
+    redis_timeout_s: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0 or self.ttl_s <= 0 or self.max_entries < 1 or self.max_bytes < 1:
@@ -139,6 +143,7 @@ class SemanticCache:
         self._floor = 0  # puts from before this epoch are refused (``_doc_epoch`` was cleared then)
         self._generation: int | None = None  # the newest generation seen
         self._bytes = 0  # the entries' nbytes, summed
+        self._exact: dict[tuple[Hashable, str], int] = {}  # (scope, query text) -> key
         self.counts = {"hits": 0, "misses": 0, "evictions": 0, "expired": 0, "invalidated": 0, "stale_generation": 0,
                        "refused_stale": 0, "guarded": 0}
 
@@ -153,9 +158,23 @@ class SemanticCache:
 
     # ------------------------------------------------------------------ lookups and inserts
 
-    def lookup(self, scope: Hashable, generation: int, vector: np.ndarray, text: str) -> CacheHit | None:
+    def lookup_exact(self, scope: Hashable, generation: int, text: str, epoch: int | None = None) -> CacheHit | None:
+        """The live entry of ``scope`` for exactly ``text`` (before the query is embedded), or None; a miss here
+        is not counted (the semantic lookup that follows counts it)."""
+        with self._lock:
+            self._see(generation)
+            key = self._exact.get((scope, text))
+            entry = self._entries.get(key) if key is not None else None
+            if entry is None or entry.generation != generation or entry.expires <= self._clock():
+                return None
+            self._entries.move_to_end(entry.key)
+            self.counts["hits"] += 1
+            return CacheHit(entry.value, 1.0, entry.text)
+
+    def lookup(self, scope: Hashable, generation: int, vector: np.ndarray, text: str,
+               epoch: int | None = None) -> CacheHit | None:
         """The most similar live entry of ``scope`` at or above the threshold (and passing the guard on ``text``),
-        or None (a miss)."""
+        or None (a miss). ``epoch``: unused here (invalidation is eager, by document)."""
         with self._lock:
             self._see(generation)
             s = self._scopes.get(scope)
@@ -205,6 +224,7 @@ class SemanticCache:
             entry = _Entry(key, scope, generation, v.copy(), text, value, doc_ids,
                            self._clock() + self.config.ttl_s, size)
             self._entries[key] = entry
+            self._exact[(scope, text)] = key
             self._bytes += size
             s.keys.append(key)
             s.matrix = None
@@ -236,6 +256,7 @@ class SemanticCache:
             self._entries.clear()
             self._scopes.clear()
             self._by_doc.clear()
+            self._exact.clear()
             self._bytes = 0
 
     # ------------------------------------------------------------------ internals (lock held)
@@ -265,6 +286,8 @@ class SemanticCache:
         if entry is None:
             return
         self._bytes -= entry.nbytes
+        if self._exact.get((entry.scope, entry.text)) == key:
+            del self._exact[(entry.scope, entry.text)]
         s = self._scopes[entry.scope]
         s.keys.remove(key)
         s.matrix = None

@@ -480,7 +480,8 @@ class RetrieverService(pb_grpc.RetrieverServicer):
                 snapshot_path=str(index.snapshot.path),
                 cache={k: float(v) for k, v in (pipeline.cache.stats() if pipeline.cache else {}).items()},
                 generation_backend=self.state.generation.describe() if self.state.generation else
-                self.state.generation_error)
+                self.state.generation_error,
+                backend=str(getattr(index, "backend", "local snapshot")))
         return await self._unary("GetIndexStatus", request, context, body)
 
     def _live(self) -> LiveIndex:
