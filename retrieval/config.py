@@ -24,7 +24,7 @@ from index_builder.chunking import ChunkConfig
 from index_builder.errors import ConfigError
 from index_builder.models import CrossEncoderConfig, EmbedderConfig
 from index_builder.token_encoders import TokenEncoderConfig
-from retrieval.engines.backend import BackendConfig
+from retrieval.engines.backend import EngineConfig
 from retrieval.generation.backend import GenerationConfig
 from retrieval.live.live_index import LiveConfig
 from retrieval.observability.tracing import TracingConfig
@@ -40,7 +40,7 @@ from retrieval.serving.metrics import MetricsConfig
 ENV_PREFIX = "HYBRIDRAG_"
 # Each component defines its own config section beside its code; this module assembles them (and re-exports them
 # for callers that build one by hand).
-__all__ = ["AppConfig", "BackendConfig", "BatchingConfig", "BuildOptions", "DenseConfig", "FirstStageConfig", "FusionConfig",
+__all__ = ["AppConfig", "BatchingConfig", "BuildOptions", "DenseConfig", "FirstStageConfig", "FusionConfig",
            "IndexConfig", "LiveConfig", "RerankConfig", "ServerConfig", "load_config"]
 
 
@@ -72,7 +72,7 @@ class AppConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
+    backend: EngineConfig = field(default_factory=EngineConfig)
 
     def build_config(self) -> BuildConfig:
         return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,

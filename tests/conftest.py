@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import pytest
 from index_builder.build import build_snapshot
 from index_builder.corpus import read_corpus
 from index_builder.models import Embedder
+from retrieval.app import open_index
 from retrieval.config import AppConfig, load_config
+from retrieval.engines.backend import EngineConfig
 from retrieval.evaluate import load_qrels, load_queries
 from retrieval.live.store import DocumentStore
 from retrieval.search.index import SearchIndex
@@ -61,6 +64,26 @@ def pipeline(sample_index, embedder, config):
     p = Pipeline(sample_index, embedder, config)
     yield p
     p.close()
+
+
+def engine_config(config: AppConfig, **backend) -> AppConfig:
+    """``config`` with the first stage on Qdrant (default: the in-process engine, empty at start)."""
+    return dataclasses.replace(config, backend=EngineConfig(**{"kind": "qdrant", **backend}))
+
+
+@pytest.fixture(scope="session")
+def engine_pipeline(sample_index_dir, config, embedder):
+    """The sample index migrated into an in-process Qdrant engine (the engine backend's twin of ``pipeline``)."""
+    cfg = engine_config(config)
+    p = Pipeline(open_index(sample_index_dir, cfg, embedder), embedder, cfg)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="session", params=["local", "qdrant"])
+def any_pipeline(request):
+    """The same tests on both first-stage backends: the local snapshot and the Qdrant engine."""
+    return request.getfixturevalue("pipeline" if request.param == "local" else "engine_pipeline")
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ _COLLECTION_RE = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 
 @dataclass(frozen=True)
-class BackendConfig:
+class EngineConfig:
     """``[backend]``. ``location`` (qdrant): ``":memory:"`` (the engine inside this process, empty at start: a
     snapshot given with ``--index`` is migrated into it), a folder (Qdrant's local engine persisted there; one
     process at a time), or an ``http(s)://`` URL of a Qdrant server or cluster (REST; ``prefer_grpc`` for its

@@ -61,7 +61,7 @@ from index_builder.snapshot import LoadedSnapshot, check_settings
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder
 from index_builder.types import Document, Hits
 from rerank.late_interaction import Reordering, rerank_head
-from retrieval.engines.backend import BackendConfig
+from retrieval.engines.backend import EngineConfig
 from retrieval.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, PermissionDenied
 from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, WriteResult, validate_document
 from retrieval.search.filters import Filter
@@ -128,7 +128,26 @@ class EngineSnapshot:
         return int(self.manifest.get("generation", 0))
 
 
-def connect(config: BackendConfig):
+class _Serialised:
+    """Every call of the wrapped client under one lock: Qdrant's local engine is not thread-safe (its collections
+    are plain Python and numpy structures), and the pipeline calls it from its worker threads."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return attr(*args, **kwargs)
+        return locked
+
+
+def connect(config: EngineConfig):
     """A qdrant-client for ``config.location`` (imported here: the local backend never needs it)."""
     from qdrant_client import QdrantClient
 
@@ -136,15 +155,15 @@ def connect(config: BackendConfig):
         return QdrantClient(url=config.location, api_key=config.api_key or None, prefer_grpc=config.prefer_grpc,
                             timeout=int(config.timeout_s), check_compatibility=False)
     if config.location == ":memory:":
-        return QdrantClient(location=":memory:")
+        return _Serialised(QdrantClient(location=":memory:"))
     Path(config.location).mkdir(parents=True, exist_ok=True)
-    return QdrantClient(path=config.location)
+    return _Serialised(QdrantClient(path=config.location))
 
 
 class QdrantEngine:
     """One collection of chunks on one Qdrant (local engine or server): schema, migration, reads and writes."""
 
-    def __init__(self, config: BackendConfig, client: Any = None) -> None:
+    def __init__(self, config: EngineConfig, client: Any = None) -> None:
         from qdrant_client import models
 
         self.m = models
@@ -296,7 +315,8 @@ class QdrantEngine:
     def grouped(self, query: Any, using: str, k: int, qfilter: Any, exact: bool = False) -> list[tuple[Any, float]]:
         """Top ``k`` documents (best chunk each) for ``query`` on vector ``using``: [(point, score)]."""
         m = self.m
-        params = m.SearchParams(exact=exact, hnsw_ef=self.config.hnsw_ef or None)
+        # local mode is exact search and warns on any search_params
+        params = m.SearchParams(exact=exact, hnsw_ef=self.config.hnsw_ef or None) if self.config.remote else None
         res = self.client.query_points_groups(self.name, query=query, using=using, group_by="doc", group_size=1,
                                               limit=k, query_filter=qfilter, search_params=params, with_payload=True)
         return [(g.hits[0], float(g.hits[0].score)) for g in res.groups if g.hits]

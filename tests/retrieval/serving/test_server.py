@@ -15,7 +15,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from retrieval.api import retriever_pb2 as pb
+from retrieval.app import open_index
 from retrieval.config import ServerConfig
+from retrieval.search.pipeline import Pipeline
 from retrieval.serving.client import AsyncRetrieverClient, ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.serving.grpc_service import SERVICE, BackgroundServer
 from tests.helpers import CE_MODEL
@@ -24,8 +26,9 @@ NO_RETRY = RetryPolicy(attempts=1)
 
 
 @pytest.fixture(scope="module")
-def server(pipeline):
-    s = BackgroundServer(pipeline, ServerConfig(port=0))
+def server(any_pipeline):
+    """One server per backend (the local snapshot, the Qdrant engine): every test below runs on both."""
+    s = BackgroundServer(any_pipeline, ServerConfig(port=0))
     yield s
     s.stop()
 
@@ -38,19 +41,19 @@ def _ids(response: pb.RetrieveResponse) -> list[str]:
     return [p.doc_id for p in response.passages]
 
 
-def test_retrieve_equals_the_library(server, pipeline, sample_queries):
+def test_retrieve_equals_the_library(server, any_pipeline, sample_queries):
     with _client(server) as c:
         for q in list(sample_queries.values())[:6]:
             r = c.retrieve(q, 10)
-            lib = pipeline.search(q, 10)
-            assert _ids(r) == [pipeline.index.documents[d].id for d in lib.hits.doc]
+            lib = any_pipeline.search(q, 10)
+            assert _ids(r) == [any_pipeline.index.documents[d].id for d in lib.hits.doc]
             assert r.index_generation == lib.generation and len(r.request_id) == 16 and not r.degraded
             assert set(r.stages_run) == {"bm25", "dense", "late_interaction"} and r.timings_ms["total"] > 0
             top = r.passages[0]
             assert top.text and {s.stage for s in top.stages} >= {"fused", "late_interaction"}
         status = c.status()
-        assert status.documents == len(pipeline.index.documents) and status.dense_available
-        assert status.late_interaction_available and status.generation == pipeline.index.generation
+        assert status.documents == len(any_pipeline.index.documents) and status.dense_available
+        assert status.late_interaction_available and status.generation == any_pipeline.index.generation
 
 
 def test_health_and_reflection(server):
@@ -89,9 +92,9 @@ def test_unimplemented_and_deadline(server):
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
-def test_64_concurrent_clients_all_get_correct_answers(server, pipeline, sample_queries):
+def test_64_concurrent_clients_all_get_correct_answers(server, any_pipeline, sample_queries):
     queries = [list(sample_queries.values())[i % len(sample_queries)] for i in range(64)]
-    expected = {q: [pipeline.index.documents[d].id for d in pipeline.search(q, 5).hits.doc] for q in set(queries)}
+    expected = {q: [any_pipeline.index.documents[d].id for d in any_pipeline.search(q, 5).hits.doc] for q in set(queries)}
 
     async def main() -> list[pb.RetrieveResponse]:
         clients = [AsyncRetrieverClient(server.target, ClientOptions(retry=NO_RETRY, timeout=60)) for _ in range(64)]
@@ -336,8 +339,26 @@ def _writable(tmp_path, config, embedder):
     return store, seq, p, live
 
 
-def test_writes_over_grpc_are_durable_visible_and_checked(writable, config, embedder):
-    store, seq, p, live = _writable(writable, config, embedder)
+@pytest.mark.parametrize("backend", ["local", "qdrant"])
+def test_writes_over_grpc_are_durable_visible_and_checked(backend, writable, config, embedder):
+    """Upsert and Delete with the same answers on both backends: the live index over the document store, and
+    the engine (where an acknowledged write is in Qdrant's WAL and nothing is buffered)."""
+    if backend == "local":
+        store, seq, p, live = _writable(writable, config, embedder)
+        buffered = 1
+
+        def written(doc_id: str) -> bool:
+            return store.get(doc_id) is not None
+    else:
+        from retrieval.app import open_writes
+        from tests.conftest import engine_config
+
+        cfg = engine_config(config)
+        p = Pipeline(open_index(writable / "index", cfg, embedder), embedder, cfg)
+        live, seq, buffered = open_writes(p, cfg, None), 0, 0
+
+        def written(doc_id: str) -> bool:
+            return bool(p.index.engine.owners([doc_id]))
     keys = {"key-acme": frozenset({"acme"}), "key-admin": frozenset({"*"})}
     s = BackgroundServer(p, ServerConfig(port=0), api_keys=keys)
     s.running.state.live = live
@@ -348,17 +369,19 @@ def test_writes_over_grpc_are_durable_visible_and_checked(writable, config, embe
             r = c.upsert([new])
             assert r.upserted == 1 and r.sequence == seq + 1
             hit = c.retrieve("how do axolotls regrow limbs", 3, tenant="acme")
-            assert hit.passages[0].doc_id == "new-1" and c.status().buffered_writes == 1
+            assert hit.passages[0].doc_id == "new-1" and c.status().buffered_writes == buffered
             with pytest.raises(grpc.RpcError) as e:  # another tenant's document: refused, nothing written
                 c.upsert([pb.Document(id="x", tenant="globex", text="t")])
             assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
             with pytest.raises(grpc.RpcError) as e:
                 c.upsert([pb.Document(id="ok", tenant="acme", text="fine"), pb.Document(id="bad", tenant="acme", text=" ")])
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "document 1 ('bad')" in e.value.details()
-            assert store.get("ok") is None and store.last_seq() == seq + 1
+            assert not written("ok") and written("new-1")
             d = c.delete(["new-1"], tenant="acme")
             assert d.deleted == 1
             assert "new-1" not in [x.doc_id for x in c.retrieve("how do axolotls regrow limbs", 10, tenant="acme").passages]
+            assert not written("new-1") and c.status().backend == ("local snapshot" if backend == "local" else
+                                                                   "qdrant :memory: collection=hybridrag")
     finally:
         s.stop()
         p.close()

@@ -1,0 +1,124 @@
+"""Two ``hybridrag serve`` replicas over one engine and one Redis, as separate processes on loopback: the same
+answers, a write through one visible through the other at the next query, and the shared cache filled by one,
+hit by the other and invalidated for both by a write.
+
+The engine is ``hybridrag engine`` (Qdrant's local engine behind its REST API: no Qdrant server installs here),
+so the replicas use qdrant-client's remote path, as against a Qdrant cluster; Redis is Debian's redis-server."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from retrieval.api import retriever_pb2 as pb
+from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
+
+REDIS = shutil.which("redis-server")
+pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (apt-get install redis-server)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(pred, what: str, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if pred():
+                return
+        except Exception:  # noqa: BLE001 -- not up yet
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} did not come up in {timeout} s")
+
+
+@pytest.fixture()
+def cluster(tmp_path, sample_index_dir):
+    """redis-server + the engine host + the sample index migrated into it; yields (config path, env, redis)."""
+    procs: list[subprocess.Popen] = []
+    rport, eport = _free_port(), _free_port()
+    procs.append(subprocess.Popen([REDIS, "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL))
+    r = redis.Redis(port=rport)
+    _wait(r.ping, "redis-server")
+    procs.append(subprocess.Popen([sys.executable, "-m", "hybridrag", "engine", "--location", str(tmp_path / "engine"),
+                                   "--port", str(eport)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    import httpx
+
+    _wait(lambda: httpx.get(f"http://127.0.0.1:{eport}/healthz", timeout=1).status_code == 200, "engine host")
+    cfg = tmp_path / "replica.toml"
+    cfg.write_text(f'[backend]\nkind = "qdrant"\nlocation = "http://127.0.0.1:{eport}"\ncollection = "sample"\n\n'
+                   f'[cache]\nredis_url = "redis://127.0.0.1:{rport}/0"\n\n'
+                   '[generation.embedded]\nenabled = false\n')
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    out = subprocess.run([sys.executable, "-m", "hybridrag", "migrate", "--index", str(sample_index_dir),
+                          "--config", str(cfg)], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "vectors reused, nothing re-embedded" in out.stdout
+    try:
+        yield cfg, env, r, procs
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _replica(cfg: Path, env: dict, procs: list) -> str:
+    proc = subprocess.Popen([sys.executable, "-m", "hybridrag", "serve", "--config", str(cfg), "--port", "0",
+                             "--metrics-port", "-1"], stderr=subprocess.PIPE, text=True, env=env)
+    procs.append(proc)
+    lines = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        m = re.search(r"serving .* on port (\d+)", line)
+        if m:
+            return f"127.0.0.1:{m.group(1)}"
+    raise AssertionError("replica did not start:\n" + "".join(lines))
+
+
+def test_two_replicas_share_the_engine_and_the_cache(cluster):
+    cfg, env, r, procs = cluster
+    a_target, b_target = _replica(cfg, env, procs), _replica(cfg, env, procs)
+    opts = ClientOptions(retry=RetryPolicy(attempts=1), timeout=60)
+    with RetrieverClient(a_target, opts) as a, RetrieverClient(b_target, opts) as b:
+        assert a.status().backend.startswith("qdrant http://127.0.0.1:")
+        for q in ("how do bees share where flowers are", "who settles contract disputes", "why is venus hot"):
+            ra, rb = a.retrieve(q, 10, bypass_cache=True), b.retrieve(q, 10, bypass_cache=True)
+            assert [p.doc_id for p in ra.passages] == [p.doc_id for p in rb.passages]  # the same answers
+
+        q = "how do axolotls regrow their limbs"
+        first = a.retrieve(q, 5)
+        assert not first.cache_hit
+        again = b.retrieve(q, 5)  # filled by A, hit by B: the exact-match entry
+        assert again.cache_hit and again.cache_similarity == pytest.approx(1.0)
+        assert [p.doc_id for p in again.passages] == [p.doc_id for p in first.passages]
+        near = b.retrieve(q + "?", 5)  # a near-duplicate: the semantic lookup, vectors shared through the stream
+        assert near.cache_hit and 0.91 <= near.cache_similarity < 1.0
+
+        w = b.upsert([pb.Document(id="axo-1", tenant="acme", title="Axolotl regeneration",
+                                  text="Axolotls regrow whole limbs from a blastema of dedifferentiated cells.")])
+        assert w.upserted == 1 and w.sequence == int(r.get("hybridrag:v"))
+        after = a.retrieve(q, 5)  # the write through B invalidated A's entry: a fresh search that sees it
+        assert not after.cache_hit and after.passages[0].doc_id == "axo-1"
+        assert b.retrieve(q, 5).cache_hit  # refilled by A under the new version, hit by B
+
+        assert a.delete(["axo-1"], tenant="acme").deleted == 1
+        gone = b.retrieve(q, 5)
+        assert not gone.cache_hit and "axo-1" not in [p.doc_id for p in gone.passages]
