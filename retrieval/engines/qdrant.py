@@ -269,7 +269,7 @@ class QdrantEngine:
             avgdl = float(np.mean([len(t) for t in terms])) if terms else 0.0
         k1, b = float(bm.get("k1", 1.5)), float(bm.get("b", 0.75))
         has_tokens = snap.token_vectors is not None and snap.token_offsets is not None
-        token_dim = int(snap.token_vectors.shape[1]) if has_tokens else None
+        token_dim = int(snap.token_vectors.shape[1]) if snap.token_vectors is not None and has_tokens else None
         metadata = {"format": FORMAT, "generation": snap.generation, "source": str(snap.path),
                     "migrated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                     "avgdl": float(avgdl), "k1": k1, "b": b,

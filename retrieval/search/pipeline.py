@@ -476,7 +476,7 @@ class Pipeline:
             except Exception:  # the normal path below degrades to BM25 and says why
                 log.exception("query embedding failed before the cache lookup")
                 scope = None
-            if query_vec is not None and scope is not None:
+            if query_vec is not None and scope is not None and self.cache is not None:
                 with child_span(tracer, "hybridrag.cache_lookup", trace) as span:
                     t = time.perf_counter()
                     hit = self.cache.lookup(scope, index.generation, query_vec, query, epoch)

@@ -111,7 +111,7 @@ class SharedCache:
 
         self.config = config
         self.ns = config.redis_namespace
-        self.redis = client or redis.Redis.from_url(config.redis_url, socket_timeout=config.redis_timeout_s,
+        self.redis: Any = client or redis.Redis.from_url(config.redis_url, socket_timeout=config.redis_timeout_s,
                                                     socket_connect_timeout=config.redis_timeout_s)
         self._local: dict[str, _Local] = {}
         self._lock = threading.Lock()
@@ -171,14 +171,15 @@ class SharedCache:
         _, key = self._keys(scope, generation, epoch, text)
         try:
             data = self.redis.get(key)
-        except Exception as e:  # noqa: BLE001
+            value = None if data is None else decode_result(data)
+        except Exception as e:  # noqa: BLE001 -- Redis down, or an entry this version cannot read: a miss
             self._error("an exact lookup", e)
             return None
-        if data is None:
+        if value is None:
             return None
         self._count("hits")
         self._count("exact_hits")
-        return CacheHit(decode_result(data), 1.0, text)
+        return CacheHit(value, 1.0, text)
 
     def lookup(self, scope: Hashable, generation: int, vector: np.ndarray, text: str,
                epoch: int | None = None) -> CacheHit | None:
@@ -194,6 +195,7 @@ class SharedCache:
             if local is None or not local.keys:
                 self._count("misses")
                 return None
+            assert local.matrix is not None
             sims = local.matrix @ np.asarray(vector, dtype=np.float32)
             for i in np.argsort(-sims):
                 if float(sims[i]) < self.config.threshold:
