@@ -36,8 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.load import (REPO, LevelSpec, RequestSpec, free_port, level_summary, run_level, spawn_server,
-                        stop_server, wait_serving)
+from bench.load import REPO, LevelSpec, RequestSpec, free_port, level_summary, run_level, spawn_server, stop_server, wait_serving
 
 
 def _wait_http(url: str, timeout: float = 60.0) -> None:
@@ -139,7 +138,8 @@ def cache_lookups(redis_bin: str, index: Path, queries: list[tuple[str, str]], n
             "entries": len(texts),
             "stream_local_matrix": timed(lambda i: cache.lookup(scope, 1, vecs[i], texts[i], 0)),
             "engine_collection_in_process": timed(lambda i: (eng.query_points(
-                "cache", query=vecs[i].tolist(), query_filter=flt, limit=1, score_threshold=0.91), r.get(cache._keys(scope, 1, 0, texts[i])[1]))),
+                "cache", query=vecs[i].tolist(), query_filter=flt, limit=1, score_threshold=0.91),
+                r.get(cache._keys(scope, 1, 0, texts[i])[1]))),
             "exact_get": timed(lambda i: cache.lookup_exact(scope, 1, texts[i], 0)),
             "note": "the engine collection was measured in-process (Qdrant's local engine, no network hop); over a "
                     "network each lookup adds a round trip to the engine besides the Redis GET",
