@@ -30,6 +30,7 @@ from retrieval.generation.prompt import ContextPassage, HeuristicCounter, TokenC
 from retrieval.search.pipeline import Pipeline, SearchResult
 from retrieval.search.request import SearchRequest
 from retrieval.search.semantic_cache import SemanticCache
+from retrieval.search.shared_cache import register_codec, result_from_dict, result_to_dict
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,14 @@ class _CachedAnswer:
     stats: Stats
 
 
+def _answer_to_dict(a: _CachedAnswer) -> dict:
+    return {"result": result_to_dict(a.result), "text": a.text, "stats": dataclasses.asdict(a.stats)}
+
+
+def _answer_from_dict(o: dict) -> _CachedAnswer:
+    return _CachedAnswer(result_from_dict(o["result"]), o["text"], Stats(**o["stats"]))
+
+
 class Generator:
     """Owns the backends (one, or small + large when routing is on) and streams answers for the gRPC layer.
 
@@ -83,6 +92,8 @@ class Generator:
         self.backends = backends
         self.counter = counter
         self.cache = cache if config.cache_answers else None
+        if getattr(self.cache, "shared", False):  # a shared (Redis) cache keeps answers as JSON too
+            register_codec("answer", _CachedAnswer, _answer_to_dict, _answer_from_dict)
         self._ready = ready
         self._prompt_id = hashlib.sha256(config.system_prompt.encode()).hexdigest()[:12]
 
@@ -123,7 +134,7 @@ class Generator:
             scope = ("generate", request.filter, request.k, request.stages, request.candidates, request.li_top_k,
                      request.ce_top_k, request.exact_dense, which, backend.model, max_tokens, self.config.temperature,
                      self.config.stop, self._prompt_id)
-            hit = self.cache.lookup(scope, result.generation, result.query_vec, question)
+            hit = self.cache.lookup(scope, result.generation, result.query_vec, question, epoch=epoch)
             if hit is not None:
                 cached: _CachedAnswer = hit.value  # its passages are the ones the answer was generated from
                 yield Passages(dataclasses.replace(cached.result, cache_hit=True, cache_similarity=hit.similarity,

@@ -28,7 +28,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,8 +46,8 @@ def _h(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
-def encode_result(result: Any) -> bytes:
-    """A detached :class:`~retrieval.search.pipeline.SearchResult` as JSON."""
+def result_to_dict(result: Any) -> dict[str, Any]:
+    """A detached :class:`~retrieval.search.pipeline.SearchResult` as plain JSON types."""
     view = result.index
 
     def hits(h: Hits) -> list:
@@ -55,10 +55,9 @@ def encode_result(result: Any) -> bytes:
 
     docs = {str(d): {"id": doc.id, "title": doc.title, "tenant": doc.tenant, "metadata": doc.metadata}
             for d, doc in view.documents.items()}
-    return json.dumps({"hits": hits(result.hits), "stages": {k: hits(v) for k, v in result.stages.items()},
-                       "timings_ms": result.timings_ms, "skipped": result.skipped, "degraded": result.degraded,
-                       "generation": result.generation, "docs": docs,
-                       "passages": {str(c): t for c, t in view.passages.items()}}).encode()
+    return {"hits": hits(result.hits), "stages": {k: hits(v) for k, v in result.stages.items()},
+            "timings_ms": result.timings_ms, "skipped": result.skipped, "degraded": result.degraded,
+            "generation": result.generation, "docs": docs, "passages": {str(c): t for c, t in view.passages.items()}}
 
 
 @dataclass
@@ -73,10 +72,8 @@ class CachedView:
         return self.passages[chunk]
 
 
-def decode_result(data: bytes) -> Any:
+def result_from_dict(o: dict[str, Any]) -> Any:
     from retrieval.search.pipeline import SearchResult  # the pipeline imports this module
-
-    o = json.loads(data)
 
     def hits(v: list) -> Hits:
         return Hits(np.asarray(v[0], dtype=np.int64), np.asarray(v[1], dtype=np.float32),
@@ -88,6 +85,29 @@ def decode_result(data: bytes) -> Any:
     return SearchResult(hits=hits(o["hits"]), stages={k: hits(v) for k, v in o["stages"].items()},
                         timings_ms=o["timings_ms"], skipped=o["skipped"], degraded=o["degraded"],
                         generation=int(o["generation"]), index=view)
+
+
+# Value kinds besides search results (Generate registers its cached answers): kind -> (type, to dict, from dict).
+_CODECS: dict[str, tuple[type, Callable[[Any], dict], Callable[[dict], Any]]] = {}
+
+
+def register_codec(kind: str, cls: type, to_dict: Callable[[Any], dict], from_dict: Callable[[dict], Any]) -> None:
+    """Let values of ``cls`` be cached in Redis as JSON (``to_dict`` / ``from_dict``: plain JSON types)."""
+    _CODECS[kind] = (cls, to_dict, from_dict)
+
+
+def encode_value(value: Any) -> bytes:
+    for kind, (cls, to_dict, _) in _CODECS.items():
+        if isinstance(value, cls):
+            return json.dumps({"kind": kind, "value": to_dict(value)}).encode()
+    return json.dumps({"kind": "result", "value": result_to_dict(value)}).encode()
+
+
+def decode_value(data: bytes) -> Any:
+    o = json.loads(data)
+    if o["kind"] == "result":
+        return result_from_dict(o["value"])
+    return _CODECS[o["kind"]][2](o["value"])
 
 
 @dataclass
@@ -171,7 +191,7 @@ class SharedCache:
         _, key = self._keys(scope, generation, epoch, text)
         try:
             data = self.redis.get(key)
-            value = None if data is None else decode_result(data)
+            value = None if data is None else decode_value(data)
         except Exception as e:  # noqa: BLE001 -- Redis down, or an entry this version cannot read: a miss
             self._error("an exact lookup", e)
             return None
@@ -208,7 +228,7 @@ class SharedCache:
                 if data is None:  # expired
                     continue
                 self._count("hits")
-                return CacheHit(decode_result(data), float(sims[i]), cached)
+                return CacheHit(decode_value(data), float(sims[i]), cached)
         except Exception as e:  # noqa: BLE001
             self._error("a semantic lookup", e)
         self._count("misses")
@@ -244,7 +264,7 @@ class SharedCache:
                 return False
             stream, key = self._keys(scope, generation, since, text)
             ttl = max(1, int(self.config.ttl_s))
-            data = encode_result(value)
+            data = encode_value(value)
             if len(data) > self.config.max_bytes:
                 return False
             pipe = self.redis.pipeline(transaction=False)

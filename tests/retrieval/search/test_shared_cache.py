@@ -71,7 +71,8 @@ def test_entries_are_shared_and_a_write_version_invalidates_both(sample_index, e
 
         r = redis.Redis.from_url(redis_url)
         key = next(k for k in r.scan_iter("t1:r:*"))
-        assert set(json.loads(r.get(key))) >= {"hits", "docs", "passages"}  # JSON, never pickle
+        stored = json.loads(r.get(key))  # JSON, never pickle
+        assert stored["kind"] == "result" and set(stored["value"]) >= {"hits", "docs", "passages"}
     finally:
         a.close()
         b.close()
@@ -100,3 +101,17 @@ def test_a_dead_redis_makes_misses_not_errors(sample_index, embedder, config):
         assert a.cache.stats()["errors"] >= 2
     finally:
         a.close()
+
+
+def test_generated_answers_round_trip_as_json(pipeline):
+    from retrieval.generation.generator import Stats, _answer_from_dict, _answer_to_dict, _CachedAnswer
+    from retrieval.search.shared_cache import decode_value, encode_value, register_codec
+
+    register_codec("answer", _CachedAnswer, _answer_to_dict, _answer_from_dict)
+    res = pipeline.search(Q, 3).detached()
+    answer = _CachedAnswer(res, "By dancing.", Stats(1.0, 2.0, 3.0, 10, 3, "smollm2", "small"))
+    back = decode_value(encode_value(answer))
+    assert isinstance(back, _CachedAnswer) and back.text == "By dancing." and back.stats == answer.stats
+    assert back.result.doc_ids() == res.doc_ids()
+    assert [back.result.index.passage(int(c)) for c in back.result.hits.chunk] == [
+        res.index.passage(int(c)) for c in res.hits.chunk]
