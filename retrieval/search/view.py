@@ -1,11 +1,18 @@
 """The index contract: what the pipeline, the server and evaluation read of an index generation.
 
-Two implementations today: :class:`retrieval.search.index.SearchIndex` (one immutable snapshot) and
-:class:`retrieval.live.live_index.LiveView` (a snapshot plus the write buffer); a remote engine backend (the
-scale-out issue) implements the same. Document and chunk numbers are positions in ``documents`` and in the chunk
-space (``chunk_doc``); every stage returns :class:`~index_builder.types.Hits` in those numbers. A view is immutable:
-a request reads one view from start to end, and the live index publishes a new one through
-:meth:`retrieval.search.pipeline.Pipeline.publish`.
+Three implementations: :class:`retrieval.search.index.SearchIndex` (one immutable snapshot),
+:class:`retrieval.live.live_index.LiveView` (a snapshot plus the write buffer) and
+:class:`retrieval.engines.qdrant.QdrantView` (a Qdrant collection). Every stage returns
+:class:`~index_builder.types.Hits` in the view's document and chunk numbers and the view resolves them
+(``documents[d]``, ``passage(c)``): positions in the snapshot and its chunk space (``chunk_doc``) for the local
+views, 63-bit hashes of the ids for the engine (the same in every replica). ``filters.masks`` returns what the
+view's own retrievers understand as a restriction: boolean (document, chunk) masks locally, an engine filter on
+Qdrant; the pipeline only passes it on. On an engine, ``chunk_doc`` and ``documents`` are read for their
+lengths (status) and by number, never iterated.
+
+A local view is immutable: a request reads one view from start to end, and the live index publishes a new one
+through :meth:`retrieval.search.pipeline.Pipeline.publish`. An engine view is the collection as it is now
+(writes are visible to the next engine call); caches key its results by the write version.
 """
 
 from __future__ import annotations
