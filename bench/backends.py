@@ -62,7 +62,7 @@ def _served_ndcg(target: str, queries: list[tuple[str, str]], qrels: dict) -> fl
         for qid, text in queries:
             r = c.retrieve(text, 10, bypass_cache=True)
             run[qid] = {p.doc_id: float(10 - i) for i, p in enumerate(r.passages)}
-    return round(float(evaluate(qrels, run)["ndcg@10"]), 4)
+    return round(float(evaluate({q: qrels[q] for q in run if q in qrels}, run)["ndcg@10"]), 4)
 
 
 def measure_backend(name: str, index: Path, config: str | None, queries, qrels, args, log_dir: Path) -> dict:
@@ -71,7 +71,8 @@ def measure_backend(name: str, index: Path, config: str | None, queries, qrels, 
         t = time.perf_counter()
         wait_serving(server.target, args.server_timeout, server)
         out: dict[str, Any] = {"backend": name, "start_s": round(time.perf_counter() - t, 1), "levels": {}}
-        out["ndcg@10"] = _served_ndcg(server.target, queries, qrels)
+        out["ndcg@10"] = _served_ndcg(server.target, queries[:args.quality_queries], qrels)
+        out["quality_queries"] = min(len(queries), args.quality_queries)
         for c in args.levels:
             spec = LevelSpec(server.target, tuple(queries), c, args.duration, args.warmup, RequestSpec(top_k=10),
                              server_pid=server.proc.pid)
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--server-timeout", type=float, default=900.0)
+    ap.add_argument("--quality-queries", type=int, default=50, help="nDCG@10 of what each backend served, on the "
+                    "first N queries (the same N for every backend; full-set parity: hybridrag eval)")
     ap.add_argument("--backends", default="local,qdrant-in-process,qdrant-rest")
     ap.add_argument("--redis", default=shutil.which("redis-server") or "", help="redis-server binary ('' = skip)")
     ap.add_argument("--json")

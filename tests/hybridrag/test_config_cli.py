@@ -104,20 +104,19 @@ def test_train_card_names_the_blend_weight_and_lists_first_stages_once(tmp_path,
     assert card.count("| sample | test | fused |") == 1 and card.count("| sample | test | bm25 |") == 1
 
 
-def test_cli_build_migrate_and_search_on_the_qdrant_backend(tmp_path, capsys):
-    """``build --config`` with an engine backend builds the snapshot and copies it into the collection;
-    ``migrate`` refuses an existing collection without ``--replace``; ``search`` and ``eval`` serve from it."""
+def test_cli_migrate_and_search_on_the_qdrant_backend(tmp_path, capsys, sample_index_dir):
+    """``migrate`` copies a built snapshot into the collection (``build --config`` with an engine backend ends the
+    same way) and refuses an existing collection without ``--replace``; ``search`` serves from it."""
     cfg = tmp_path / "q.toml"
     cfg.write_text(f'[backend]\nkind = "qdrant"\nlocation = "{tmp_path / "engine"}"\ncollection = "sample"\n')
-    assert main(["build", "--corpus", str(SAMPLE / "corpus.jsonl"), "--out", str(tmp_path / "idx"), "--quiet",
-                 "--config", str(cfg)]) == 0
+    assert main(["migrate", "--index", str(sample_index_dir), "--config", str(cfg)]) == 0
     assert "migrated 229 documents / 241 chunks" in capsys.readouterr().out
-    assert main(["migrate", "--index", str(tmp_path / "idx"), "--config", str(cfg)]) == 2
+    assert main(["migrate", "--index", str(sample_index_dir), "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "collection 'sample' already exists" in err and "--replace" in err
-    assert main(["migrate", "--index", str(tmp_path / "idx"), "--config", str(cfg), "--replace"]) == 0
+    assert main(["migrate", "--index", str(sample_index_dir), "--config", str(cfg), "--replace"]) == 0
     capsys.readouterr()
-    assert main(["search", "--index", str(tmp_path / "idx"), "--config", str(cfg), "--json", "-k", "3",
+    assert main(["search", "--index", str(sample_index_dir), "--config", str(cfg), "--json", "-k", "3",
                  "how do bees share where flowers are"]) == 0
     hits = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["hits"]
     assert hits[0]["id"] == "bio-012" and len(hits) == 3
