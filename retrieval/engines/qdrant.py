@@ -556,8 +556,8 @@ class EngineWriter:
         self.embedder = embedder
         self.token_encoder = token_encoder
         self.chunker = Chunker(embedder.files.tokenizer_path, chunking)
-        counter = itertools.count(1)
-        self._bump = version or (lambda: next(counter))
+        self._counter = itertools.count(1)
+        self._version = version
         self._lock = threading.Lock()
         self._write_listeners: list[Callable[[list[str]], object]] = []
         meta = view.meta
@@ -582,6 +582,19 @@ class EngineWriter:
 
     def close(self) -> None:
         pass
+
+    def _bump(self) -> int:
+        """The write's sequence number: the shared write version when there is one. The write is already in the
+        engine here, so a Redis failure does not fail it: it is logged, and caches keep older entries until
+        their TTL."""
+        if self._version is None:
+            return next(self._counter)
+        try:
+            return self._version()
+        except Exception as e:  # noqa: BLE001
+            log.error("the write is in the engine, but the shared cache's version could not be moved (%s): cached "
+                      "results stay reachable until their TTL", e)
+            return 0
 
     def _written(self, ids: list[str]) -> None:
         for fn in self._write_listeners:
