@@ -145,3 +145,22 @@ def test_cascade_robustness_offline_figures_equal_the_served_ones(tmp_path, samp
     assert len(r["bm25_grid"]) == 25 and r["length_class_selection"]["chosen"]["policy"]["kind"] == "gate"
     served_bm25 = next(g for g in r["bm25_grid"] if (g["k1"], g["b"]) == (0.9, 0.4))  # the build's own k1/b
     assert served_bm25["bm25"]["sample"] == pytest.approx(stages["bm25"]["ndcg@10"], abs=6e-5)
+
+
+def test_backends_bench_smoke(tmp_path, sample_index_dir):
+    """The backends side by side (local and the in-process Qdrant engine), one short level each, and the
+    shared cache's lookups when redis-server is installed."""
+    import shutil
+
+    from bench.backends import main
+
+    out = tmp_path / "backends.json"
+    assert main(["--index", str(sample_index_dir), "--dataset", str(REPO / "data" / "sample"), "--concurrency", "1",
+                 "--duration", "1", "--warmup", "0.5", "--quality-queries", "5", "--backends", "local,qdrant-in-process",
+                 "--redis", shutil.which("redis-server") or "", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    local, engine = result["backends"]["local"], result["backends"]["qdrant-in-process"]
+    assert local["levels"]["1"]["ok"] > 0 and engine["levels"]["1"]["ok"] > 0
+    assert engine["levels"]["1"]["p50_vs_local"] > 0 and abs(local["ndcg@10"] - engine["ndcg@10"]) < 0.05
+    if shutil.which("redis-server"):
+        assert result["shared_cache_lookup"]["stream_local_matrix"]["p50_ms"] > 0
