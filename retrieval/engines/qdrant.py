@@ -518,6 +518,9 @@ class QdrantView:
     def open(cls, engine: QdrantEngine, expected: Mapping[str, Any]) -> QdrantView:
         """The view over ``engine``'s collection, refusing one made with another model or analyzer."""
         if not engine.exists():
+            if engine.config.location == ":memory:":
+                raise ConfigError("the in-process Qdrant engine ([backend] location ':memory:') starts empty: give "
+                                  "--index SNAPSHOT to migrate into it, or point location at a folder or a server")
             raise ConfigError(f"Qdrant collection {engine.name!r} does not exist at {engine.config.location}; "
                               "make it with 'hybridrag migrate --index SNAPSHOT --config F' (or 'hybridrag build "
                               "--config F')")

@@ -115,5 +115,7 @@ def test_migration_refuses_an_existing_collection_and_another_model(config, embe
         missing = QdrantEngine(dataclasses.replace(cfg.backend, collection="absent"), client=engine.client)
         with pytest.raises(ConfigError, match="does not exist.*hybridrag migrate"):
             QdrantView.open(missing, {})
+        with pytest.raises(ConfigError, match="starts empty: give --index SNAPSHOT"):
+            QdrantView.open(QdrantEngine(engine_config(config).backend), {})
     finally:
         engine.close()
