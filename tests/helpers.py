@@ -89,6 +89,37 @@ class ServeProcess:
         self._drain.join(timeout)
 
 
+class RedisServer:
+    """Debian's ``redis-server`` on a free loopback port, no persistence, data in ``folder``; ``url`` once it
+    answers PING. ``binary``: ``shutil.which("redis-server")`` (the callers skip when it is absent)."""
+
+    def __init__(self, binary: str, folder: Path) -> None:
+        import socket
+        import time
+
+        import redis
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(folder)], stdout=subprocess.DEVNULL)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.client = redis.Redis(port=self.port)
+        for _ in range(200):
+            try:
+                self.client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        self.stop()
+        raise AssertionError(f"redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
 def train_cross_encoder_cli(out: Path, dataset: Path, index_dir: Path, *extra: str) -> tuple[dict, str]:
     """A real, tiny ``hybridrag train cross-encoder`` run (2 steps, dev evaluated, ONNX exported and checked):
     its train log and model card. Needs torch (the bench extra)."""

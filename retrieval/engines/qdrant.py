@@ -62,8 +62,9 @@ from index_builder.token_encoders import EmbedderTokens, TokenEncoder
 from index_builder.types import Document, Hits
 from rerank.late_interaction import Reordering, rerank_head
 from retrieval.engines.backend import EngineConfig
-from retrieval.errors import BackendUnavailable, DeadlineExceeded, InvalidRequest, PermissionDenied
-from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, WriteResult, validate_document
+from retrieval.errors import BackendUnavailable, InvalidRequest, PermissionDenied
+from retrieval.live.live_index import check_deadline, validate_batch
+from retrieval.live.store import MAX_BATCH, WriteResult
 from retrieval.search.filters import Filter
 
 log = logging.getLogger(__name__)
@@ -605,29 +606,11 @@ class EngineWriter:
 
     def upsert(self, documents: Sequence[Document | Mapping[str, Any]], *, tenant: str | None = None,
                deadline: float | None = None) -> WriteResult:
-        n = len(documents)
-        if not n:
-            raise InvalidRequest("an upsert needs at least one document")
-        if n > MAX_BATCH:
-            raise InvalidRequest(f"{n} documents in one upsert; at most {MAX_BATCH} are allowed")
-        _check_deadline(deadline, "before it started")
-        docs: list[Document] = []
-        seen: set[str] = set()
-        total = 0
-        for i, d in enumerate(documents):
-            doc = validate_document(d, i)
+        docs = validate_batch(documents, deadline)
+        for i, doc in enumerate(docs):
             if tenant is not None and doc.tenant != tenant:
                 raise InvalidRequest(f"document {i} ({doc.id!r}): tenant {doc.tenant!r} is not the caller's tenant "
                                      f"{tenant!r}")
-            total += len(doc.title.encode()) + len(doc.text.encode()) + sum(
-                len(k) + len(v) for k, v in doc.metadata.items())
-            if total > MAX_BATCH_BYTES:
-                raise InvalidRequest(f"the batch's documents hold more than {MAX_BATCH_BYTES} bytes of title, text "
-                                     f"and metadata (at document {i}); split it into smaller batches")
-            if doc.id in seen:
-                raise InvalidRequest(f"document {i} ({doc.id!r}): the id appears twice in this batch")
-            seen.add(doc.id)
-            docs.append(doc)
         owners = self.engine.owners([d.id for d in docs])
         for i, d in enumerate(docs):
             if d.id in owners and owners[d.id] != d.tenant:
@@ -640,7 +623,7 @@ class EngineWriter:
                                                 m.FieldCondition(key="part", range=m.Range(gte=n))])
                                  for doc_id, n in parts.items()])
         with self._lock:
-            _check_deadline(deadline, "before the commit")
+            check_deadline(deadline, "before the commit")
             self.engine.client.batch_update_points(self.engine.name, [
                 m.UpsertOperation(upsert=m.PointsList(points=points)),
                 m.DeleteOperation(delete=m.FilterSelector(filter=stale))], wait=True)
@@ -662,7 +645,7 @@ class EngineWriter:
     def delete(self, ids: Sequence[str], *, tenant: str | None = None, deadline: float | None = None) -> WriteResult:
         if len(ids) > MAX_BATCH:
             raise InvalidRequest(f"{len(ids)} ids in one delete; at most {MAX_BATCH} are allowed")
-        _check_deadline(deadline, "before it started")
+        check_deadline(deadline, "before it started")
         if not ids:
             return WriteResult(0, 0)
         owners = self.engine.owners(list(dict.fromkeys(ids)))
@@ -671,14 +654,9 @@ class EngineWriter:
             return WriteResult(0, 0)
         m = self.engine.m
         with self._lock:
-            _check_deadline(deadline, "before the commit")
+            check_deadline(deadline, "before the commit")
             self.engine.client.delete(self.engine.name, m.FilterSelector(filter=m.Filter(must=[
                 m.FieldCondition(key="id", match=m.MatchAny(any=mine))])), wait=True)
             seq = self._bump()
         self._written(mine)
         return WriteResult(seq, len(mine))
-
-
-def _check_deadline(deadline: float | None, when: str) -> None:
-    if deadline is not None and time.monotonic() >= deadline:
-        raise DeadlineExceeded(f"the write's deadline passed {when}; nothing was written")

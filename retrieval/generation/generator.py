@@ -124,7 +124,7 @@ class Generator:
         request = self.pipeline.resolve(dataclasses.replace(request, k=request.k or self.config.passages))
         question, deadline = request.query, request.deadline
         t0 = time.perf_counter()
-        epoch = self.cache.epoch() if self.cache is not None else 0
+        epoch = self.cache.epoch() if self.cache is not None and request.use_cache else 0
         result = await self.pipeline.search_async(request)
         retrieval_ms = (time.perf_counter() - t0) * 1000.0
         which = self.route_for(question)

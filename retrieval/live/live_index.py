@@ -112,9 +112,34 @@ def _doc_bytes(d: Document) -> int:
     return n(d.title) + n(d.text) + sum(n(k) + n(v) for k, v in d.metadata.items())
 
 
-def _check_deadline(deadline: float | None, when: str) -> None:
+def check_deadline(deadline: float | None, when: str) -> None:
     if deadline is not None and time.monotonic() >= deadline:
         raise DeadlineExceeded(f"the write's deadline passed {when}; nothing was written")
+
+
+def validate_batch(documents: Sequence[Document | Mapping[str, Any]], deadline: float | None) -> list[Document]:
+    """An upsert batch checked before any work, in this order: not empty, at most ``MAX_BATCH`` documents, the
+    deadline, each document, the batch's bytes, no id twice. Every writer (this live index, an engine's) calls it."""
+    n = len(documents)
+    if not n:
+        raise InvalidRequest("an upsert needs at least one document")
+    if n > MAX_BATCH:
+        raise InvalidRequest(f"{n} documents in one upsert; at most {MAX_BATCH} are allowed")
+    check_deadline(deadline, "before it started")
+    docs: list[Document] = []
+    total = 0
+    seen: set[str] = set()
+    for i, d in enumerate(documents):
+        doc = validate_document(d, i)
+        total += _doc_bytes(doc)
+        if total > MAX_BATCH_BYTES:
+            raise InvalidRequest(f"the batch's documents hold more than {MAX_BATCH_BYTES} bytes of title, text "
+                                 f"and metadata (at document {i}); split it into smaller batches")
+        if doc.id in seen:  # the store refuses it too, but only after the encoding
+            raise InvalidRequest(f"document {i} ({doc.id!r}): the id appears twice in this batch")
+        seen.add(doc.id)
+        docs.append(doc)
+    return docs
 
 
 class _Concat(Sequence[Document]):
@@ -447,29 +472,11 @@ class LiveIndex:
 
         Checked before any work: the batch size, its bytes, the deadline, each document, and room in the buffer
         (Overloaded when ``live.max_buffered_docs`` would be passed)."""
-        n = len(documents)
-        if not n:
-            raise InvalidRequest("an upsert needs at least one document")
-        if n > MAX_BATCH:
-            raise InvalidRequest(f"{n} documents in one upsert; at most {MAX_BATCH} are allowed")
-        _check_deadline(deadline, "before it started")
-        docs: list[Document] = []
-        total = 0
-        seen: set[str] = set()
-        for i, d in enumerate(documents):
-            doc = validate_document(d, i)
-            total += _doc_bytes(doc)
-            if total > MAX_BATCH_BYTES:
-                raise InvalidRequest(f"the batch's documents hold more than {MAX_BATCH_BYTES} bytes of title, text "
-                                     f"and metadata (at document {i}); split it into smaller batches")
-            if doc.id in seen:  # the store refuses it too, but only after the encoding
-                raise InvalidRequest(f"document {i} ({doc.id!r}): the id appears twice in this batch")
-            seen.add(doc.id)
-            docs.append(doc)
+        docs = validate_batch(documents, deadline)
         self._check_room(self.view.state, docs)
         encoded = self.encode(docs)  # slow part first, outside the lock; failure writes nothing
         with self._lock:
-            _check_deadline(deadline, "before the commit")
+            check_deadline(deadline, "before the commit")
             state = self.view.state
             self._check_room(state, docs)  # concurrent writers may have filled it meanwhile
             result = self.store.upsert(docs, tenant=tenant)  # durable when this returns
@@ -482,9 +489,9 @@ class LiveIndex:
         """Delete the ids that exist (with ``tenant``: that are its); ``deadline`` as for :meth:`upsert`."""
         if len(ids) > MAX_BATCH:
             raise InvalidRequest(f"{len(ids)} ids in one delete; at most {MAX_BATCH} are allowed")
-        _check_deadline(deadline, "before it started")
+        check_deadline(deadline, "before it started")
         with self._lock:
-            _check_deadline(deadline, "before the commit")
+            check_deadline(deadline, "before the commit")
             result = self.store.delete(ids, tenant=tenant)
             if result.count:  # the store numbers the deleted ids in order; read them back to tombstone exactly
                 changes = [c for c in self.store.changes_since(result.seq - result.count) if c.op == "delete"]

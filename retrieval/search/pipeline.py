@@ -430,7 +430,9 @@ class Pipeline:
         if deadline is not None and time.monotonic() >= deadline:
             raise DeadlineExceeded("the request's deadline passed before it started")
         t_total = time.perf_counter()
-        epoch = self.cache.epoch() if self.cache is not None else 0  # before reading the index: see SemanticCache.put
+        # before reading the index (see SemanticCache.put); only when the cache is used: a shared cache's epoch is a
+        # Redis round trip
+        epoch = self.cache.epoch() if self.cache is not None and use_cache else 0
         index = self.index  # one generation for the whole request
         result = SearchResult(hits=Hits.empty(), generation=index.generation, index=index)
         masks = index.filters.masks(filter)

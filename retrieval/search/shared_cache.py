@@ -133,7 +133,8 @@ class SharedCache:
         self.ns = config.redis_namespace
         self.redis: Any = client or redis.Redis.from_url(config.redis_url, socket_timeout=config.redis_timeout_s,
                                                     socket_connect_timeout=config.redis_timeout_s)
-        self._local: dict[str, _Local] = {}
+        self._local: dict[str, _Local] = {}  # stream key -> this replica's copy, for ``_current`` only
+        self._current: tuple[int, int] | None = None  # the (generation, version) ``_local`` holds
         self._lock = threading.Lock()
         self.counts = {"hits": 0, "exact_hits": 0, "misses": 0, "refused_stale": 0, "guarded": 0, "errors": 0,
                        "puts": 0}
@@ -212,7 +213,7 @@ class SharedCache:
         stream, _ = self._keys(scope, generation, version, None)
         try:
             local = self._sync(stream, generation, version)
-            if local is None or not local.keys:
+            if not local.keys:
                 self._count("misses")
                 return None
             assert local.matrix is not None
@@ -234,11 +235,12 @@ class SharedCache:
         self._count("misses")
         return None
 
-    def _sync(self, stream: str, generation: int, version: int) -> _Local | None:
+    def _sync(self, stream: str, generation: int, version: int) -> _Local:
         """Read the stream entries added since this replica's last read; drop other versions' local copies."""
         with self._lock:
-            for k in [k for k in self._local if k != stream and k.split(":")[-3:-1] != [str(generation), str(version)]]:
-                del self._local[k]
+            if self._current != (generation, version):  # another version's streams are unreachable now
+                self._local.clear()
+                self._current = (generation, version)
             local = self._local.setdefault(stream, _Local())
             start = local.last_id
         entries = self.redis.xrange(stream, min="-" if start == "-" else f"({start}", count=MAX_STREAM)

@@ -8,7 +8,6 @@ so the replicas use qdrant-client's remote path, as against a Qdrant cluster; Re
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -17,10 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from retrieval.api import retriever_pb2 as pb
 from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
+from tests.helpers import RedisServer, ServeProcess
 
 REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (apt-get install redis-server)")
@@ -46,56 +45,45 @@ def _wait(pred, what: str, timeout: float = 60.0) -> None:
 
 @pytest.fixture()
 def cluster(tmp_path, sample_index_dir):
-    """redis-server + the engine host + the sample index migrated into it; yields (config path, env, redis)."""
-    procs: list[subprocess.Popen] = []
-    rport, eport = _free_port(), _free_port()
-    procs.append(subprocess.Popen([REDIS, "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
-                                   "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL))
-    r = redis.Redis(port=rport)
-    _wait(r.ping, "redis-server")
-    procs.append(subprocess.Popen([sys.executable, "-m", "hybridrag", "engine", "--location", str(tmp_path / "engine"),
-                                   "--port", str(eport)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    import httpx
-
-    _wait(lambda: httpx.get(f"http://127.0.0.1:{eport}/healthz", timeout=1).status_code == 200, "engine host")
-    cfg = tmp_path / "replica.toml"
-    cfg.write_text(f'[backend]\nkind = "qdrant"\nlocation = "http://127.0.0.1:{eport}"\ncollection = "sample"\n\n'
-                   f'[cache]\nredis_url = "redis://127.0.0.1:{rport}/0"\n\n'
-                   '[generation.embedded]\nenabled = false\n')
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    out = subprocess.run([sys.executable, "-m", "hybridrag", "migrate", "--index", str(sample_index_dir),
-                          "--config", str(cfg)], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert "vectors reused, nothing re-embedded" in out.stdout
+    """redis-server + the engine host + the sample index migrated into it; yields (config path, env, redis,
+    the replicas started, stopped at the end)."""
+    eport = _free_port()
+    redis_server = RedisServer(REDIS, tmp_path)
+    engine = subprocess.Popen([sys.executable, "-m", "hybridrag", "engine", "--location", str(tmp_path / "engine"),
+                               "--port", str(eport)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    replicas: list[ServeProcess] = []
     try:
-        yield cfg, env, r, procs
+        import httpx
+
+        _wait(lambda: httpx.get(f"http://127.0.0.1:{eport}/healthz", timeout=1).status_code == 200, "engine host")
+        cfg = tmp_path / "replica.toml"
+        cfg.write_text(f'[backend]\nkind = "qdrant"\nlocation = "http://127.0.0.1:{eport}"\ncollection = "sample"\n\n'
+                       f'[cache]\nredis_url = "{redis_server.url}"\n\n[generation.embedded]\nenabled = false\n')
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        out = subprocess.run([sys.executable, "-m", "hybridrag", "migrate", "--index", str(sample_index_dir),
+                              "--config", str(cfg)], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert "vectors reused, nothing re-embedded" in out.stdout
+        yield cfg, env, redis_server.client, replicas
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        for replica in replicas:
+            replica.stop()
+        engine.terminate()
+        try:
+            engine.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+        redis_server.stop()
 
 
-def _replica(cfg: Path, env: dict, procs: list) -> str:
-    proc = subprocess.Popen([sys.executable, "-m", "hybridrag", "serve", "--config", str(cfg), "--port", "0",
-                             "--metrics-port", "-1"], stderr=subprocess.PIPE, text=True, env=env)
-    procs.append(proc)
-    lines = []
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        lines.append(line)
-        m = re.search(r"serving .* on port (\d+)", line)
-        if m:
-            return f"127.0.0.1:{m.group(1)}"
-    raise AssertionError("replica did not start:\n" + "".join(lines))
+def _replica(cfg: Path, env: dict, replicas: list[ServeProcess]) -> str:
+    replicas.append(ServeProcess(["--config", str(cfg)], env=env))
+    return replicas[-1].target
 
 
 def test_two_replicas_share_the_engine_and_the_cache(cluster):
-    cfg, env, r, procs = cluster
-    a_target, b_target = _replica(cfg, env, procs), _replica(cfg, env, procs)
+    cfg, env, r, replicas = cluster
+    a_target, b_target = _replica(cfg, env, replicas), _replica(cfg, env, replicas)
     opts = ClientOptions(retry=RetryPolicy(attempts=1), timeout=60)
     with RetrieverClient(a_target, opts) as a, RetrieverClient(b_target, opts) as b:
         assert a.status().backend.startswith("qdrant http://127.0.0.1:")

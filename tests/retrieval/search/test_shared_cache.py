@@ -8,7 +8,6 @@ import dataclasses
 import json
 import shutil
 import socket
-import subprocess
 import time
 
 import pytest
@@ -17,6 +16,7 @@ import redis
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCacheConfig
 from retrieval.search.shared_cache import SharedCache
+from tests.helpers import RedisServer
 
 REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (apt-get install redis-server)")
@@ -25,21 +25,9 @@ Q = "how do bees tell each other where the flowers are"
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path_factory.mktemp("redis"))], stdout=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    server = RedisServer(REDIS, tmp_path_factory.mktemp("redis"))
+    yield server.url
+    server.stop()
 
 
 def _replicas(sample_index, embedder, config, url, namespace, **cache):
