@@ -254,6 +254,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides.setdefault("server", {})["host"] = args.host
     if args.metrics_port is not None:
         overrides["metrics"] = {"port": args.metrics_port}
+    if args.http_port is not None:
+        overrides["http"] = {"port": args.http_port}
+    if args.host:
+        overrides.setdefault("http", {})["host"] = args.host
     config = _config(args, overrides)
     root = logging.getLogger()
     root.setLevel(logging.DEBUG if args.verbose else logging.INFO)
@@ -449,11 +453,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_parser(sub)
 
-    p = sub.add_parser("serve", help="serve an index over gRPC (hybridrag.v1.Retriever, health, reflection)")
+    p = sub.add_parser("serve", help="serve an index over gRPC (hybridrag.v1.Retriever, health, reflection) and, "
+                                     "with --http-port, over HTTP (REST + SSE, OpenAI-compatible, playground)")
     p.add_argument("--index", help="index root (CURRENT -> snapshot); with [backend] kind = \"qdrant\" the "
                    "collection is served (a location ':memory:' migrates this snapshot into it first)")
     p.add_argument("--port", type=int, help="listen port (default: [server] port, 50051; 0 = any free port)")
-    p.add_argument("--host", help="listen address (default: [server] host, 127.0.0.1)")
+    p.add_argument("--host", help="listen address of both doors (default: [server] / [http] host, 127.0.0.1)")
+    p.add_argument("--http-port", type=int, help="the HTTP door's port (default: [http] port, -1 = off; 0 = any free "
+                   "port, logged)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default: [metrics] port, 9464; "
                    "0 = any free port, -1 = off)")
     p.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")

@@ -104,9 +104,12 @@ async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping
     if config.switch_interval_ms > 0:  # process-wide, so set here at the edge (see ServerConfig)
         sys.setswitchinterval(config.switch_interval_ms / 1000.0)
     tracing: Tracing = make_tracing(app_config.tracing)
-    running = await create_server(config, api_keys=api_keys, metrics=app_config.metrics, tracer=tracing.tracer)
+    running = await create_server(config, api_keys=api_keys, metrics=app_config.metrics, tracer=tracing.tracer,
+                                  http=app_config.http)
     log.info("hybridrag listening on %s:%d (loading the index); metrics on %s", config.host, running.port,
              f"{app_config.metrics.host}:{running.metrics_port}/metrics" if running.metrics_port else "no HTTP port")
+    if running.http is not None:
+        log.info("hybridrag HTTP on %s (REST, SSE, OpenAI-compatible; playground at /playground)", running.http.url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

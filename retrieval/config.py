@@ -35,13 +35,14 @@ from retrieval.search.model_calls import BatchingConfig
 from retrieval.search.pipeline import FirstStageConfig, RerankConfig
 from retrieval.search.semantic_cache import SemanticCacheConfig
 from retrieval.serving.grpc_service import ServerConfig
+from retrieval.serving.http import HttpConfig
 from retrieval.serving.metrics import MetricsConfig
 
 ENV_PREFIX = "HYBRIDRAG_"
 # Each component defines its own config section beside its code; this module assembles them (and re-exports them
 # for callers that build one by hand).
 __all__ = ["AppConfig", "BatchingConfig", "BuildOptions", "DenseConfig", "FirstStageConfig", "FusionConfig",
-           "IndexConfig", "LiveConfig", "RerankConfig", "ServerConfig", "load_config"]
+           "HttpConfig", "IndexConfig", "LiveConfig", "RerankConfig", "ServerConfig", "load_config"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class AppConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     backend: EngineConfig = field(default_factory=EngineConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
 
     def build_config(self) -> BuildConfig:
         return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,

@@ -50,7 +50,8 @@ from index_builder.types import Hits
 from rerank.cross_encoder import rerank_by_scores
 from rerank.late_interaction import SCORES as LI_SCORES
 from rerank.late_interaction import Reordering
-from retrieval.errors import DeadlineExceeded
+from rerank.maxsim import maxsim
+from retrieval.errors import DeadlineExceeded, InvalidRequest
 from retrieval.observability.tracing import NO_TRACER, child_span
 from retrieval.search.fusion import FusionConfig, rrf
 from retrieval.search.index import IndexSettings, SearchIndex
@@ -359,6 +360,50 @@ class Pipeline:
         if asyncio.get_running_loop() is self._loop:
             return await self._search(request)
         return await asyncio.wrap_future(self._submit(self._search(request)))
+
+    async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the pipeline's loop (where the batchers live) from any event loop."""
+        if asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await asyncio.wrap_future(self._submit(coro))
+
+    async def embed_texts_async(self, texts: list[str]) -> np.ndarray:
+        """The embedder's vectors of ``texts`` (float32 ``(n, dim)``, normalised), through the same cross-request
+        batcher as the queries' embeddings."""
+        async def run() -> np.ndarray:
+            out = await self.models.embed.submit_many(list(texts))
+            return np.stack([vec for vec, _ in out]).astype(np.float32, copy=False)
+        return await self._on_loop(run())
+
+    def rerank_stage(self, stage: str) -> str:
+        """The reranking stage a caller names, checked ("" = the cascade's last configured one)."""
+        if not stage:
+            return "cross_encoder" if self.cross_encoder is not None and self.config.rerank.cross_encoder else \
+                "late_interaction"
+        if stage not in ("late_interaction", "cross_encoder"):
+            raise InvalidRequest(f"unknown rerank stage {stage!r}; allowed: ['cross_encoder', 'late_interaction']")
+        if stage == "cross_encoder" and self.cross_encoder is None:
+            raise InvalidRequest("no cross-encoder is configured on this server ([cross_encoder] model)")
+        return stage
+
+    async def rerank_texts_async(self, query: str, texts: list[str], stage: str = "") -> tuple[str, np.ndarray]:
+        """Scores of the caller's ``texts`` for ``query`` by one reranking stage (float32 ``(n,)``, higher =
+        better): the cross-encoder's logits, or MaxSim of the token encoder's vectors (the documents are encoded
+        now: they are not in the index)."""
+        stage = self.rerank_stage(stage)
+
+        async def run() -> np.ndarray:
+            if stage == "cross_encoder":
+                return await self.models.score_pairs(query, texts)
+            if self.models.embedder_tokens:
+                _, tokens, _ = await self.models.embed_query(query)
+            else:
+                tokens, _ = await self.models.encode_query_tokens(query)
+            assert tokens is not None
+            docs = await asyncio.get_running_loop().run_in_executor(self.models.executor,
+                                                                    self.token_encoder.encode_documents, texts)
+            return np.array([maxsim(tokens, d) for d in docs], dtype=np.float32)
+        return stage, await self._on_loop(run())
 
     def _request(self, query: str | SearchRequest, k: int, options: dict[str, Any]) -> SearchRequest:
         if isinstance(query, SearchRequest):

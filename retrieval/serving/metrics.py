@@ -2,8 +2,8 @@
 
 What is measured, and where it comes from:
 
-- ``hybridrag_requests_total{method,code}`` and ``hybridrag_request_duration_seconds{method}``: every RPC, by
-  gRPC status code name, timed in the handler.
+- ``hybridrag_requests_total{method,code,transport}`` and ``hybridrag_request_duration_seconds{method,transport}``:
+  every call of either door (``grpc``, ``http``), by gRPC status code name, timed in the handler.
 - ``hybridrag_stage_duration_seconds{stage}``: the pipeline's own per-stage timings (the ``timings_ms`` a
   response carries: embed, bm25, dense, fusion, late_interaction, cross_encoder, cache, total...).
 - ``hybridrag_stage_skipped_total{stage}``, ``hybridrag_degraded_responses_total``, ``hybridrag_cache_lookups_total
@@ -96,9 +96,10 @@ class ServiceMetrics:
 
     def __init__(self, read_state: Callable[[], dict[str, Any]]) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("hybridrag_requests", "RPCs by method and gRPC status code", ["method", "code"], registry=r)
-        self.request_seconds = Histogram("hybridrag_request_duration_seconds", "RPC duration in the handler",
-                                         ["method"], buckets=REQUEST_BUCKETS, registry=r)
+        self.requests = Counter("hybridrag_requests", "Calls by method, gRPC status code and door (grpc, http)",
+                                ["method", "code", "transport"], registry=r)
+        self.request_seconds = Histogram("hybridrag_request_duration_seconds", "Call duration in the handler",
+                                         ["method", "transport"], buckets=REQUEST_BUCKETS, registry=r)
         self.stage_seconds = Histogram("hybridrag_stage_duration_seconds", "Pipeline stage duration", ["stage"],
                                        buckets=STAGE_BUCKETS, registry=r)
         self.skipped = Counter("hybridrag_stage_skipped", "Stages skipped (deadline, unavailable, not configured)",
@@ -125,9 +126,9 @@ class ServiceMetrics:
 
     # ------------------------------------------------------------------ recording
 
-    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
-        self.requests.labels(method, code).inc()
-        self.request_seconds.labels(method).observe(seconds)
+    def observe_rpc(self, method: str, code: str, seconds: float, transport: str = "grpc") -> None:
+        self.requests.labels(method, code, transport).inc()
+        self.request_seconds.labels(method, transport).observe(seconds)
 
     def observe_search(self, result: SearchResult) -> None:
         for stage, ms in result.timings_ms.items():

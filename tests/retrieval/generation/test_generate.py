@@ -139,7 +139,7 @@ def test_generate_streams_passages_then_tokens_then_stats(server, gen_pipeline, 
     assert root.attributes["hybridrag.request_id"] == msgs[0].passages.request_id
     metric = server.running.state.metrics.registry.get_sample_value
     assert metric("hybridrag_generate_first_token_seconds_count") >= 1
-    assert metric("hybridrag_requests_total", {"method": "Generate", "code": "OK"}) >= 1
+    assert metric("hybridrag_requests_total", {"method": "Generate", "code": "OK", "transport": "grpc"}) >= 1
 
 
 def test_the_answer_cache_serves_a_repeat_and_a_paraphrase(server):

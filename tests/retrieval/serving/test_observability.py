@@ -62,9 +62,9 @@ def test_metrics_endpoint_moves_with_requests(traced, sample_queries):
         key = (name, tuple(sorted(labels.items())))
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    assert moved("hybridrag_requests_total", method="Retrieve", code="OK") == 6
-    assert moved("hybridrag_requests_total", method="Retrieve", code="INVALID_ARGUMENT") == 1
-    assert moved("hybridrag_request_duration_seconds_count", method="Retrieve") == 7
+    assert moved("hybridrag_requests_total", method="Retrieve", code="OK", transport="grpc") == 6
+    assert moved("hybridrag_requests_total", method="Retrieve", code="INVALID_ARGUMENT", transport="grpc") == 1
+    assert moved("hybridrag_request_duration_seconds_count", method="Retrieve", transport="grpc") == 7
     # The stage histograms: every full search ran these stages (the exact cache hit only looks up).
     for stage in ("bm25", "dense", "fusion", "late_interaction"):
         assert moved("hybridrag_stage_duration_seconds_count", stage=stage) == 5, stage

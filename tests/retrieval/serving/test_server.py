@@ -298,7 +298,7 @@ def test_serve_command_loads_serves_and_drains_on_sigterm(sample_index_dir):
         with RetrieverClient(f"127.0.0.1:{port}", ClientOptions(retry=NO_RETRY)) as c:
             assert len(c.retrieve("how do bees find flowers", 3).passages) == 3
         text = httpx.get(metrics_url, timeout=10).text  # the served process's own /metrics
-        assert 'hybridrag_requests_total{code="OK",method="Retrieve"} 1.0' in text
+        assert 'hybridrag_requests_total{code="OK",method="Retrieve",transport="grpc"} 1.0' in text
         assert 'hybridrag_stage_duration_seconds_count{stage="dense"} 1.0' in text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -407,7 +407,7 @@ def test_rebuild_call_and_bm25_fallback_after_a_restart_without_hnsw(tmp_path, w
             assert metric("hybridrag_rebuilds_total", {"outcome": "ok"}) == 1
             assert metric("hybridrag_rebuild_duration_seconds_count") == 1
             assert metric("hybridrag_buffered_writes") == 0 and metric("hybridrag_index_generation") == 2
-            assert metric("hybridrag_requests_total", {"method": "Rebuild", "code": "OK"}) == 1
+            assert metric("hybridrag_requests_total", {"method": "Rebuild", "code": "OK", "transport": "grpc"}) == 1
             assert c.retrieve("axolotl limbs blastema", 1).passages[0].doc_id == "new-1"
     finally:
         s.stop()

@@ -1,0 +1,463 @@
+"""The service core that both front doors call: gRPC (:mod:`retrieval.serving.grpc_service`) and HTTP
+(:mod:`retrieval.serving.http`).
+
+A door turns its request into a :class:`Caller` (the API key it carried and its deadline) and a proto message,
+then calls one method here; every check lives here once: authentication, tenant authorization, admission control
+(separate read and write budgets), deadlines, the pipeline and the live index, the span and the metrics of the
+call. The door only translates: its wire format in, proto messages out, our errors (:mod:`retrieval.errors`) to
+its own status codes through :func:`status_for` (the gRPC code; HTTP maps that code to an HTTP status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Span, SpanKind, Tracer
+
+from index_builder.corpus import MAX_ID_CHARS, check_tenant
+from retrieval.api import retriever_pb2 as pb
+from retrieval.errors import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    DeadlineExceeded,
+    IndexNotReady,
+    InvalidRequest,
+    Overloaded,
+    PermissionDenied,
+    Unauthenticated,
+)
+from retrieval.generation.generator import GeneratorSetup, Passages, Stats, Token
+from retrieval.live.live_index import LiveIndex
+from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES
+from retrieval.observability.tracing import NO_TRACER, set_error
+from retrieval.search.filters import Filter
+from retrieval.search.pipeline import Pipeline, SearchResult
+from retrieval.search.request import SearchRequest
+from retrieval.serving.auth import ALL_TENANTS, API_KEY_HEADER
+from retrieval.serving.metrics import ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Retriever"].full_name
+
+_STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (IndexNotReady, grpc.StatusCode.UNAVAILABLE),
+    (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (BackendTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (BackendUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (BackendError, grpc.StatusCode.FAILED_PRECONDITION),  # the backend refused the request (4xx): config or model
+    (NotImplementedError, grpc.StatusCode.UNIMPLEMENTED),
+)
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The one mapping from our errors to status codes (gRPC's; the HTTP door maps these on); anything else is a
+    bug: INTERNAL."""
+    for cls, code in _STATUS:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+class CallerGone(Exception):
+    """The caller went away (an HTTP client disconnected): its work was cancelled, nobody reads the answer."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling and until when: what both doors read off their own transport (gRPC metadata and
+    ``time_remaining``; HTTP headers) before calling the core. ``deadline``: absolute ``time.monotonic()``
+    seconds, None = no deadline."""
+
+    api_key: str = ""
+    deadline: float | None = None
+    transport: str = "grpc"
+
+    @staticmethod
+    def key_from(headers: Mapping[str, str]) -> str:
+        """The API key of ``x-api-key``, else of ``authorization: Bearer KEY`` (lower-case names, as gRPC metadata
+        and Starlette's headers both give them)."""
+        key = headers.get(API_KEY_HEADER, "")
+        auth = headers.get("authorization", "")
+        if not key and auth[:7].lower() == "bearer ":
+            key = auth[7:].strip()
+        return key
+
+    @classmethod
+    def of(cls, headers: Mapping[str, str], timeout_s: float | None, transport: str) -> Caller:
+        return cls(cls.key_from(headers), None if timeout_s is None else time.monotonic() + timeout_s, transport)
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+
+@dataclass
+class ServiceState:
+    """What the service serves; ``pipeline`` is None until the index and models are loaded; ``live`` (writes) is
+    None without a document store."""
+
+    pipeline: Pipeline | None = None
+    api_keys: dict[str, frozenset[str]] = field(default_factory=dict)
+    in_flight: int = 0
+    writes_in_flight: int = 0
+    live: LiveIndex | None = None
+    generation: GeneratorSetup | None = None
+    generation_error: str = "generation is not set up on this server"
+    tracer: Tracer = NO_TRACER
+    serving: bool = False  # health: SERVING once the index and models are loaded (both doors' readiness)
+    metrics: ServiceMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = ServiceMetrics(lambda: {"in_flight": self.in_flight, "pipeline": self.pipeline})
+        if self.pipeline is not None:
+            self.metrics.watch_batchers(self.pipeline)
+
+    def attach(self, pipeline: Pipeline, live: LiveIndex | None = None) -> None:
+        """Serve ``pipeline`` (and accept writes through ``live``), with its batches and rebuilds in the metrics."""
+        self.metrics.watch_batchers(pipeline)
+        if live is not None:
+            live.on_rebuild(self.metrics.observe_rebuild)
+            self.live = live
+        self.pipeline = pipeline
+
+
+def _stage_ranks(result: SearchResult, docs: list[int]) -> dict[int, list[pb.StageScore]]:
+    """Each returned document's rank and score in every stage's list (one pass over each list)."""
+    wanted = set(docs)
+    out: dict[int, list[pb.StageScore]] = {d: [] for d in docs}
+    for stage, hits in result.stages.items():
+        seen: set[int] = set()
+        for i, (d, score) in enumerate(zip(hits.doc.tolist(), hits.scores.tolist(), strict=True)):
+            if d in wanted and d not in seen:  # the first (best) place of the document in this stage
+                seen.add(d)
+                out[d].append(pb.StageScore(stage=stage, rank=i + 1, score=float(score)))
+    return out
+
+
+def to_response(pipeline: Pipeline, result: SearchResult, request_id: str) -> pb.RetrieveResponse:
+    index = result.index  # the generation that served the request (a swap may have happened since)
+    passages = []
+    docs = result.hits.doc.tolist()
+    ranks = _stage_ranks(result, docs)
+    for d, s, c in zip(docs, result.hits.scores.tolist(), result.hits.chunk.tolist(), strict=True):
+        doc = index.documents[d]
+        passages.append(pb.Passage(doc_id=doc.id, chunk_id=int(c), title=doc.title, text=index.passage(int(c)),
+                                   score=float(s), stages=ranks[d], tenant=doc.tenant,
+                                   metadata={k: str(v) for k, v in doc.metadata.items()}))
+    return pb.RetrieveResponse(
+        passages=passages, timings_ms={k: float(v) for k, v in result.timings_ms.items()},
+        stages_run=[s for s in result.stages if s != "fused"],
+        skipped=[pb.SkippedStage(stage=k, reason=v) for k, v in result.skipped.items()],
+        degraded=result.degraded, index_generation=result.generation, request_id=request_id,
+        cache_hit=result.cache_hit, cache_similarity=result.cache_similarity)
+
+
+def stats_message(event: Stats) -> pb.GenerateStats:
+    return pb.GenerateStats(
+        retrieval_ms=event.retrieval_ms, time_to_first_token_ms=event.time_to_first_token_ms,
+        generation_ms=event.generation_ms, tokens_in=event.tokens_in, tokens_out=event.tokens_out,
+        model=event.model, cache_hit=event.cache_hit, route=event.route,
+        passages_in_prompt=event.passages_in_prompt, context_truncated=event.context_truncated,
+        finish_reason=event.finish_reason)
+
+
+MAX_EMBED_INPUTS = 256  # texts in one embeddings call (each bounded like a query)
+
+
+class ServiceCore:
+    """The calls of the service on proto messages, for any door. Each method checks the caller first
+    (UNAUTHENTICATED before anything about the request), then the request, then does the work under the
+    caller's admission slot and deadline."""
+
+    def __init__(self, state: ServiceState, max_in_flight: int, max_writes_in_flight: int) -> None:
+        self.state = state
+        self.max_in_flight = max_in_flight
+        self.max_writes_in_flight = max_writes_in_flight
+
+    # ------------------------------------------------------------------ checks
+
+    def authenticate(self, caller: Caller) -> frozenset[str] | None:
+        """The caller's tenants (None when no API keys are configured: everyone may read everything)."""
+        keys = self.state.api_keys
+        if not keys:
+            return None
+        if not caller.api_key:
+            raise Unauthenticated(f"an API key is required ('{API_KEY_HEADER}' or 'authorization: Bearer KEY')")
+        tenants = keys.get(caller.api_key)
+        if tenants is None:
+            raise Unauthenticated("unknown API key")
+        return tenants
+
+    def authorize(self, caller: Caller, tenant: str) -> None:
+        tenants = self.authenticate(caller)
+        try:
+            check_tenant(tenant)
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
+        if tenants is None or ALL_TENANTS in tenants:
+            return
+        if not tenant:
+            raise PermissionDenied(f"this key is bound to tenants {sorted(tenants)}: name one in 'tenant'")
+        if tenant not in tenants:
+            raise PermissionDenied(f"this key may not access tenant {tenant!r}")
+
+    def pipeline(self) -> Pipeline:
+        if self.state.pipeline is None:
+            raise IndexNotReady("the index is not loaded yet")
+        return self.state.pipeline
+
+    def live(self) -> LiveIndex:
+        self.pipeline()
+        if self.state.live is None:
+            raise NotImplementedError("this server has no document store: start it with --store PATH to accept writes")
+        return self.state.live
+
+    @contextlib.contextmanager
+    def admitted(self, caller: Caller, kind: str = "read"):
+        """Admission control and an in-flight slot for the call; yields its deadline (absolute monotonic seconds,
+        or None). Reads and writes have their own budgets (``max_in_flight``, ``max_writes_in_flight``), so a
+        write flood cannot starve reads, nor the other way round. Both doors share the slots."""
+        attr, limit = ("in_flight", self.max_in_flight) if kind == "read" else (
+            "writes_in_flight", self.max_writes_in_flight)
+        now = getattr(self.state, attr)
+        if now >= limit:
+            raise Overloaded(f"overloaded: {now} {'requests' if kind == 'read' else 'writes'} in flight (max {limit})")
+        remaining = caller.remaining()
+        if remaining is not None and remaining <= 0:
+            raise DeadlineExceeded("the call's deadline passed before it started")
+        setattr(self.state, attr, now + 1)
+        try:
+            yield caller.deadline
+        finally:
+            setattr(self.state, attr, getattr(self.state, attr) - 1)
+
+    def search_request(self, request: pb.RetrieveRequest, pipeline: Pipeline, deadline: float | None,
+                       default_k: int = 10) -> SearchRequest:
+        """The typed, validated request of a RetrieveRequest (0 = default for every number)."""
+        opts = request.options
+        for name in ("candidates", "li_top_k", "ce_top_k"):
+            if getattr(opts, name) < 0:
+                raise InvalidRequest(f"options.{name} must be >= 1 (0 = default), got {getattr(opts, name)}")
+        if request.top_k < 0:
+            raise InvalidRequest(f"top_k must be in [1, {pipeline.config.first_stage.max_k}] (0 = default), "
+                                 f"got {request.top_k}")
+        return pipeline.resolve(SearchRequest(
+            request.query, request.top_k or default_k, Filter.of(request.tenant, dict(request.filters)),
+            candidates=opts.candidates or None, stages=tuple(opts.stages) or None, li_top_k=opts.li_top_k or None,
+            ce_top_k=opts.ce_top_k or None, deadline=deadline, use_cache=not request.bypass_cache))
+
+    # ------------------------------------------------------------------ span and metrics
+
+    @contextlib.contextmanager
+    def call(self, method: str, request_id: str, transport: str = "grpc", **attributes: str | int):
+        """The call's server span (current, so the pipeline's spans nest under it) and its metrics: duration and
+        status code, by door. The handler's exceptions pass through (each door maps them)."""
+        t0 = time.perf_counter()
+        code = "OK"
+        with self.state.tracer.start_as_current_span(
+                f"hybridrag.{method}", kind=SpanKind.SERVER, record_exception=False, set_status_on_exception=False,
+                attributes={"rpc.system": transport, "rpc.service": SERVICE, "rpc.method": method,
+                            "hybridrag.request_id": request_id, **attributes}) as span:
+            try:
+                yield span
+            except (asyncio.CancelledError, GeneratorExit, CallerGone):
+                code = "CANCELLED"
+                raise
+            except BaseException as e:
+                code = status_for(e).name
+                set_error(span, e)
+                raise
+            finally:
+                span.set_attribute("rpc.grpc.status_code", getattr(grpc.StatusCode, code).value[0])
+                self.state.metrics.observe_rpc(method, code, time.perf_counter() - t0, transport)
+
+    # ------------------------------------------------------------------ calls
+
+    async def retrieve(self, caller: Caller, request: pb.RetrieveRequest, request_id: str) -> pb.RetrieveResponse:
+        with self.admitted(caller) as deadline:
+            self.authorize(caller, request.tenant)
+            pipeline = self.pipeline()
+            result = await pipeline.search_async(self.search_request(request, pipeline, deadline))
+        self.state.metrics.observe_search(result)
+        response = to_response(pipeline, result, request_id)
+        log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms,
+                  extra={"request_id": request_id, "timings_ms": result.timings_ms})
+        return response
+
+    async def generate(self, caller: Caller, request: pb.GenerateRequest, request_id: str,
+                       span: Span) -> AsyncGenerator[pb.GenerateResponse, None]:
+        """The answer's events as proto messages: the passages, the tokens, the stats. Holds a read slot for the
+        whole stream; closing the iterator (cancellation, a client gone) closes the backend stream at once."""
+        t0 = time.perf_counter()
+        with self.admitted(caller) as deadline:
+            r = request.retrieve
+            self.authorize(caller, r.tenant)
+            pipeline = self.pipeline()
+            setup = self.state.generation
+            search = self.search_request(r, pipeline, deadline,
+                                         default_k=setup.generator.config.passages if setup else 10)
+            if setup is None:
+                raise BackendUnavailable(self.state.generation_error)
+            generator = setup.generator
+            if request.max_tokens < 0:
+                raise InvalidRequest(f"max_tokens must be in [1, {generator.config.max_tokens_limit}] "
+                                     f"(0 = default), got {request.max_tokens}")
+            events = generator.generate(search, max_tokens=request.max_tokens)
+            llm_span = None
+            try:
+                async for event in events:
+                    if isinstance(event, Token):
+                        yield pb.GenerateResponse(token=event.text)
+                    elif isinstance(event, Passages):
+                        self.state.metrics.observe_search(event.result)
+                        yield pb.GenerateResponse(passages=to_response(pipeline, event.result, request_id))
+                        llm_span = self.state.tracer.start_span("hybridrag.llm", context=otel_context.get_current())
+                    elif isinstance(event, Stats):
+                        yield pb.GenerateResponse(stats=stats_message(event))
+                        self._generated(event, llm_span, span)
+                        if llm_span is not None:
+                            llm_span.end()
+                            llm_span = None
+                        log.info("request %s: answered by %s (%s) in %.0f ms, %d tokens out%s", request_id,
+                                 event.model, event.route, (time.perf_counter() - t0) * 1000, event.tokens_out,
+                                 " (cache hit)" if event.cache_hit else "", extra={"request_id": request_id})
+            except BaseException as e:
+                if llm_span is not None:
+                    set_error(llm_span, e)
+                raise
+            finally:
+                if llm_span is not None:
+                    llm_span.end()
+                await events.aclose()  # closes the backend's HTTP stream now, also on cancellation
+
+    def _generated(self, event: Stats, llm_span, rpc_span) -> None:
+        """Metrics and span attributes of a finished answer (a cached answer generated nothing: no LLM figures)."""
+        rpc_span.set_attribute("hybridrag.cache_hit", event.cache_hit)
+        if llm_span is not None:
+            llm_span.set_attributes({"gen_ai.request.model": event.model, "hybridrag.route": event.route,
+                                     "gen_ai.usage.input_tokens": event.tokens_in,
+                                     "gen_ai.usage.output_tokens": event.tokens_out,
+                                     "hybridrag.time_to_first_token_ms": event.time_to_first_token_ms,
+                                     "hybridrag.cache_hit": event.cache_hit, "hybridrag.finish_reason": event.finish_reason})
+        if not event.cache_hit:
+            self.state.metrics.observe_generation(event.time_to_first_token_ms / 1000.0, event.tokens_in,
+                                                  event.tokens_out)
+
+    def status(self, caller: Caller) -> pb.IndexStatus:
+        self.authenticate(caller)  # status is not tenant data: any valid key may read it
+        pipeline = self.pipeline()
+        index = pipeline.index
+        models = {"embedder": str(pipeline.embedder.model_id),
+                  "token_encoder": str(pipeline.token_encoder.describe().get("name")),
+                  "cross_encoder": pipeline.cross_encoder.files.name if pipeline.cross_encoder else ""}
+        return pb.IndexStatus(
+            generation=index.generation, documents=len(index.documents), chunks=len(index.chunk_doc),
+            buffered_writes=index.buffered,
+            last_rebuild=str(index.snapshot.manifest.get("created_at", "")), models=models,
+            dense_available=index.dense is not None, dense_error=index.dense_error or "",
+            late_interaction_available=pipeline.late_interaction_unavailable(index) is None,
+            snapshot_path=str(index.snapshot.path),
+            cache={k: float(v) for k, v in (pipeline.cache.stats() if pipeline.cache else {}).items()},
+            generation_backend=self.state.generation.describe() if self.state.generation else
+            self.state.generation_error,
+            backend=str(getattr(index, "backend", "local snapshot")))
+
+    async def _write(self, caller: Caller, fn, *args, **kwargs):
+        """A write under the write budget, with the caller's deadline passed down to the durable commit (a write
+        whose deadline passed before the commit is not applied)."""
+        with self.admitted(caller, "write") as deadline:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, lambda: fn(*args, deadline=deadline, **kwargs))
+
+    async def upsert(self, caller: Caller, request: pb.UpsertRequest, request_id: str) -> pb.UpsertResponse:
+        self.authenticate(caller)  # UNAUTHENTICATED before anything about the request
+        live = self.live()
+        n = len(request.documents)
+        if n > MAX_BATCH:  # before any work: nothing is chunked or encoded for a refused batch
+            raise InvalidRequest(f"{n} documents in one upsert; at most {MAX_BATCH} are allowed")
+        if (size := request.ByteSize()) > MAX_BATCH_BYTES:
+            raise InvalidRequest(f"the upsert is {size} bytes; at most {MAX_BATCH_BYTES} are allowed")
+        for i, d in enumerate(request.documents):
+            self.authorize(caller, d.tenant)
+            if not d.id:
+                raise InvalidRequest(f"document {i}: 'id' must be a non-empty string")
+        docs = [{"_id": d.id, "title": d.title, "text": d.text, "tenant": d.tenant, "metadata": dict(d.metadata)}
+                for d in request.documents]
+        result = await self._write(caller, live.upsert, docs)
+        log.info("request %s: upserted %d documents (seq %d)", request_id, result.count, result.seq,
+                 extra={"request_id": request_id})
+        return pb.UpsertResponse(sequence=result.seq, upserted=result.count)
+
+    async def delete(self, caller: Caller, request: pb.DeleteRequest) -> pb.DeleteResponse:
+        self.authorize(caller, request.tenant)
+        live = self.live()
+        ids = list(request.ids)
+        if len(ids) > MAX_BATCH:
+            raise InvalidRequest(f"{len(ids)} ids in one delete; at most {MAX_BATCH} are allowed")
+        for i, doc_id in enumerate(ids):
+            if len(doc_id) > MAX_ID_CHARS:
+                raise InvalidRequest(f"id {i} is {len(doc_id)} characters; at most {MAX_ID_CHARS} are allowed")
+        result = await self._write(caller, live.delete, ids, tenant=request.tenant or None)
+        return pb.DeleteResponse(sequence=result.seq, deleted=result.count)
+
+    async def rebuild(self, caller: Caller) -> pb.RebuildResponse:
+        tenants = self.authenticate(caller)
+        if tenants is not None and ALL_TENANTS not in tenants:
+            raise PermissionDenied("rebuilding the index needs a key for all tenants ('*')")
+        live = self.live()
+        t = time.perf_counter()
+        with self.admitted(caller, "write"):
+            await asyncio.get_running_loop().run_in_executor(None, live.rebuild)
+        view = live.view
+        return pb.RebuildResponse(generation=view.generation,
+                                  covered_sequence=int(view.snapshot.manifest.get("covered_seq", 0)),
+                                  seconds=time.perf_counter() - t, still_buffered=view.buffered)
+
+    # ------------------------------------------------------------------ model calls (HTTP extras)
+
+    async def embed(self, caller: Caller, texts: list[str]) -> np.ndarray:
+        """The configured embedder's vectors of ``texts`` (normalised, float32, ``(len(texts), dim)``), under a read
+        slot: any valid key may embed (nothing tenant-owned is read)."""
+        self.authenticate(caller)
+        if not texts or len(texts) > MAX_EMBED_INPUTS:
+            raise InvalidRequest(f"'input' must hold 1 to {MAX_EMBED_INPUTS} texts, got {len(texts)}")
+        for i, t in enumerate(texts):
+            if not t.strip():
+                raise InvalidRequest(f"input {i} is empty")
+        with self.admitted(caller):
+            pipeline = self.pipeline()
+            limit = pipeline.config.first_stage.max_query_chars
+            for i, t in enumerate(texts):
+                if len(t) > limit:
+                    raise InvalidRequest(f"input {i} is {len(t)} characters; at most {limit} are allowed")
+            return await pipeline.embed_texts_async(texts)
+
+    async def rerank(self, caller: Caller, query: str, texts: list[str], stage: str) -> tuple[str, np.ndarray]:
+        """Scores of ``texts`` for ``query`` by one reranking stage (``late_interaction``, ``cross_encoder``, or
+        "" = the cascade's last configured one), under a read slot."""
+        self.authenticate(caller)
+        if not query.strip():
+            raise InvalidRequest("query is empty")
+        if not texts or len(texts) > MAX_EMBED_INPUTS:
+            raise InvalidRequest(f"'documents' must hold 1 to {MAX_EMBED_INPUTS} texts, got {len(texts)}")
+        with self.admitted(caller):
+            pipeline = self.pipeline()
+            limit = pipeline.config.first_stage.max_query_chars
+            for i, t in enumerate([query, *texts]):
+                if len(t) > limit:
+                    what = "query" if i == 0 else f"document {i - 1}"
+                    raise InvalidRequest(f"{what} is {len(t)} characters; at most {limit} are allowed")
+            return await pipeline.rerank_texts_async(query, texts, stage)

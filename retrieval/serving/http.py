@@ -1,0 +1,265 @@
+"""The HTTP door: REST + Server-Sent Events on FastAPI/uvicorn, beside gRPC, in the same process, on the same event
+loop and the same core (:class:`~retrieval.serving.core.ServiceCore`: auth, tenants, admission, deadlines, the
+pipeline, the semantic cache, spans and metrics).
+
+- ``POST /v1/retrieve``, ``POST /v1/generate`` (SSE: ``passages``, ``token``..., ``stats``, ``done``),
+  ``POST /v1/documents`` (upsert), ``DELETE /v1/documents``, ``POST /v1/rebuild``, ``GET /v1/status``: JSON bodies
+  are the proto messages in proto3's JSON mapping (field names as in ``proto/``; 64-bit integers are numbers, but
+  ``chunk_id``, a string: on an engine backend it is a 63-bit hash, past what JSON numbers hold exactly), parsed
+  with ``google.protobuf.json_format`` so an unknown field or a wrong type is a 400 that names it. Their schemas
+  in ``/openapi.json`` are generated from the proto.
+- OpenAI-compatible (:mod:`retrieval.serving.openai_api`): ``/v1/chat/completions``, ``/v1/embeddings``,
+  ``/v1/models``; Cohere-style ``/v1/rerank``.
+- ``/healthz`` (the process answers), ``/readyz`` (the index and models are loaded), ``/metrics``, ``/playground``.
+
+Errors: the core's error -> gRPC code (:func:`status_for`) -> one HTTP status (:data:`HTTP_STATUS`), with the
+gRPC door's message, as ``{"error": {"code", "status", "message", "type"}, "request_id"}``. The caller's key is
+``Authorization: Bearer KEY`` (or ``x-api-key``); its deadline ``x-timeout-ms``. Bodies over ``max_body_mb`` get
+413 before they are read. A client that disconnects cancels its call, as a gRPC cancellation does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from google.protobuf.message import Message
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from retrieval.api import retriever_pb2 as pb
+from retrieval.errors import InvalidRequest
+from retrieval.serving.core import Caller, ServiceCore
+from retrieval.serving.http_common import (
+    _ERROR_TYPE,
+    TIMEOUT_HEADER,
+    BodyLimit,
+    HttpDoor,
+    _body,
+    _error_response,
+    _ok,
+    _read_body,
+    parse_json,
+    proto_schemas,
+)
+from retrieval.serving.openai_api import add_openai_routes
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """``[http]``: ``port`` -1 = no HTTP door (the default), 0 = any free port (logged). ``max_body_mb``: larger
+    request bodies get 413 unread. ``playground``: serve the page at ``/playground``. ``cors_origins``: browser
+    origins allowed to call the API from other pages (none by default; the playground is same-origin)."""
+
+    host: str = "127.0.0.1"
+    port: int = -1
+    max_body_mb: float = 16.0
+    playground: bool = True
+    cors_origins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not -1 <= self.port <= 65535:
+            raise ValueError(f"http.port must be -1 (off), 0 (any free port) or a port number, got {self.port}")
+        if not 0 < self.max_body_mb <= 1024:
+            raise ValueError(f"http.max_body_mb must be in (0, 1024], got {self.max_body_mb}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.port >= 0
+
+
+def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
+    """The FastAPI app of the HTTP door over ``core`` (the same object the gRPC servicer calls)."""
+    door = HttpDoor(core)
+    app = FastAPI(title="hybridrag", version="1", docs_url="/docs", redoc_url=None,
+                  description="Hybrid retrieval (BM25 + dense, RRF, late interaction, cross-encoder) and "
+                              "retrieval-augmented generation. The REST bodies are the gRPC messages of "
+                              "proto/hybridrag/v1/retriever.proto in proto3 JSON.")
+    state = core.state
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors()[:5]:
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            parts.append(f"{where or 'body'}: {err.get('msg')}")
+        return _error_response(InvalidRequest("; ".join(parts)), uuid.uuid4().hex[:16])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status = exc.status_code
+        body = {"error": {"code": status, "status": {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(status, "ERROR"),
+                          "message": f"{request.method} {request.url.path}: {exc.detail}",
+                          "type": _ERROR_TYPE.get(status, "error")}}
+        return JSONResponse(body, status_code=status, headers=getattr(exc, "headers", None))
+
+    @app.post("/v1/retrieve", tags=["retrieval"], openapi_extra=_body("RetrieveRequest"), responses=_ok("RetrieveResponse"),
+              summary="Retrieve passages (the gRPC Retrieve)")
+    async def retrieve(request: Request) -> Response:
+        async def work(caller: Caller, request_id: str) -> Message:
+            body = parse_json(await _read_body(request), pb.RetrieveRequest, "RetrieveRequest")
+            return await core.retrieve(caller, body, request_id)
+        return await door.unary(request, "Retrieve", work)
+
+    @app.post("/v1/generate", tags=["retrieval"], openapi_extra=_body("GenerateRequest"),
+              responses={200: {"description": "Server-Sent Events: passages (a RetrieveResponse), token ({text}) "
+                                              "..., stats (a GenerateStats), done ({request_id}); error ({error}) "
+                                              "when the answer fails after it started",
+                               "content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+              summary="Retrieve, then stream an answer (SSE: passages, token..., stats, done; error on failure)")
+    async def generate(request: Request) -> Response:
+        return await door.generate(request)
+
+    @app.post("/v1/documents", tags=["documents"], openapi_extra=_body("UpsertRequest"), responses=_ok("UpsertResponse"),
+              summary="Upsert documents (durable when acknowledged; searchable at once)")
+    async def upsert(request: Request) -> Response:
+        async def work(caller: Caller, request_id: str) -> Message:
+            core.authenticate(caller)  # 401 before the body is looked at
+            body = parse_json(await _read_body(request), pb.UpsertRequest, "UpsertRequest")
+            return await core.upsert(caller, body, request_id)
+        return await door.unary(request, "Upsert", work)
+
+    @app.delete("/v1/documents", tags=["documents"], openapi_extra=_body("DeleteRequest", required=False),
+                responses=_ok("DeleteResponse"),
+                summary="Delete documents by id (a JSON body, or ?ids=a&ids=b&tenant=t)")
+    async def delete(request: Request) -> Response:
+        async def work(caller: Caller, request_id: str) -> Message:
+            core.authenticate(caller)
+            body = parse_json(await _read_body(request), pb.DeleteRequest, "DeleteRequest")
+            if request.query_params:
+                unknown = set(request.query_params) - {"ids", "tenant"}
+                if unknown:
+                    raise InvalidRequest(f"unknown query parameter(s) {sorted(unknown)}; allowed: ['ids', 'tenant']")
+                body.ids.extend(request.query_params.getlist("ids"))
+                body.tenant = body.tenant or request.query_params.get("tenant", "")
+            return await core.delete(caller, body)
+        return await door.unary(request, "Delete", work)
+
+    @app.post("/v1/rebuild", tags=["documents"], responses=_ok("RebuildResponse"),
+              summary="Build a new snapshot from the document store now (a key for all tenants)")
+    async def rebuild(request: Request) -> Response:
+        async def work(caller: Caller, request_id: str) -> Message:
+            return await core.rebuild(caller)
+        return await door.unary(request, "Rebuild", work)
+
+    @app.get("/v1/status", tags=["service"], responses=_ok("IndexStatus"), summary="Index, models and backends")
+    async def status(request: Request) -> Response:
+        async def work(caller: Caller, request_id: str) -> Message:
+            return core.status(caller)
+        return await door.unary(request, "GetIndexStatus", work)
+
+    @app.get("/healthz", tags=["service"], summary="Liveness: the process answers")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["service"], summary="Readiness: the index and models are loaded (503 until then)")
+    async def readyz() -> JSONResponse:
+        ready = state.serving and state.pipeline is not None
+        return JSONResponse({"status": "ready" if ready else "loading"}, status_code=200 if ready else 503)
+
+    @app.get("/metrics", tags=["service"], summary="Prometheus metrics (the same registry as the metrics port)")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    if config.playground:
+        page = resources.files("retrieval.serving").joinpath("static/playground.html").read_text(encoding="utf-8")
+
+        @app.get("/playground", include_in_schema=False)
+        async def playground() -> HTMLResponse:
+            return HTMLResponse(page, headers={"cache-control": "no-cache"})
+
+        @app.get("/", include_in_schema=False)
+        async def root() -> RedirectResponse:
+            return RedirectResponse("/playground")
+
+    add_openai_routes(app, door)
+    if config.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
+                           allow_headers=["authorization", "content-type", "x-api-key", TIMEOUT_HEADER],
+                           expose_headers=["x-request-id"])
+    app.add_middleware(BodyLimit, limit=int(config.max_body_mb * 2**20))
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            components = schema.setdefault("components", {})
+            components.setdefault("schemas", {}).update(proto_schemas(
+                pb.RetrieveRequest.DESCRIPTOR, pb.RetrieveResponse.DESCRIPTOR, pb.GenerateRequest.DESCRIPTOR,
+                pb.GenerateResponse.DESCRIPTOR, pb.UpsertRequest.DESCRIPTOR, pb.UpsertResponse.DESCRIPTOR,
+                pb.DeleteRequest.DESCRIPTOR, pb.DeleteResponse.DESCRIPTOR, pb.RebuildResponse.DESCRIPTOR,
+                pb.IndexStatus.DESCRIPTOR))
+            components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            schema["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn inside our process: the signals stay ours (``serve`` drains gRPC and HTTP together on SIGTERM)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+@dataclass
+class RunningHttp:
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+    port: int
+    host: str
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop accepting, let open requests finish within ``grace_s``, then close."""
+        self.server.config.timeout_graceful_shutdown = max(int(grace_s + 0.999), 1)
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), grace_s + 5)
+        except TimeoutError:
+            self.server.force_exit = True
+            await self.task
+
+
+async def start_http(core: ServiceCore, config: HttpConfig) -> RunningHttp:
+    """Listen (port 0 = any free one) and serve the HTTP door on the running event loop; returns once it accepts."""
+    from index_builder.errors import ConfigError
+
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot serve HTTP on {config.host}:{config.port}: {e}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    server = _EmbeddedUvicorn(uvicorn.Config(create_app(core, config), log_level="warning", access_log=False,
+                                             lifespan="off", loop="none", http="auto", ws="none",
+                                             timeout_keep_alive=30))
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()  # raises the start-up error
+            raise ConfigError("the HTTP server stopped during start-up")
+        await asyncio.sleep(0.01)
+    return RunningHttp(server, task, port, config.host)

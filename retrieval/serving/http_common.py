@@ -1,0 +1,436 @@
+"""What the HTTP door's routes share (:mod:`retrieval.serving.http` for REST, :mod:`retrieval.serving.openai_api` for
+the OpenAI-compatible ones): the one error mapping, proto <-> JSON, the caller of a request, cancellation on
+disconnect and deadline, the Generate event feed behind both streaming routes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from fastapi import Request
+from fastapi.responses import EventSourceResponse, JSONResponse, Response
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from retrieval.api import retriever_pb2 as pb
+from retrieval.errors import DeadlineExceeded, InvalidRequest
+from retrieval.serving.core import Caller, CallerGone, ServiceCore, status_for
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TIMEOUT_HEADER = "x-timeout-ms"
+
+# One HTTP status per gRPC code (Google's HTTP mapping, but for FAILED_PRECONDITION: the core raises it only when a
+# backend refused a request, a server-side fault: 502). CANCELLED: nginx's 499, only ever in logs and metrics.
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.FAILED_PRECONDITION: 502,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+_ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+class BodyTooLarge(InvalidRequest):
+    """A request body over ``http.max_body_mb`` (413)."""
+
+
+def error_body(exc: BaseException, request_id: str) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and JSON error of one of our errors (the gRPC door's message; INTERNAL hides the detail)."""
+    code = status_for(exc)
+    status = 413 if isinstance(exc, BodyTooLarge) else HTTP_STATUS.get(code, 500)
+    message = f"internal error (request id {request_id})" if code == grpc.StatusCode.INTERNAL else str(exc)
+    return status, {"error": {"code": status, "status": code.name, "message": message,
+                              "type": _ERROR_TYPE.get(status, "server_error" if status >= 500 else "error")},
+                    "request_id": request_id}
+
+
+def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
+    status, body = error_body(exc, request_id)
+    headers = {"x-request-id": request_id}
+    if status == 401:
+        headers["www-authenticate"] = 'Bearer realm="hybridrag"'
+    if status == 429:
+        headers["retry-after"] = "1"
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+# ---------------------------------------------------------------------- proto <-> JSON
+
+
+OPAQUE_INT64 = frozenset({"chunk_id"})  # 63-bit hashes on an engine backend: past JSON's exact integers, kept strings
+
+
+def _numbers(data: dict[str, Any], descriptor: Descriptor) -> dict[str, Any]:
+    """int64 fields back to JSON numbers (proto3 JSON writes them as strings), but for :data:`OPAQUE_INT64`."""
+    for f in descriptor.fields:
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            vf = f.message_type.fields_by_name["value"]
+            if vf.message_type is not None:
+                data[f.name] = {k: _numbers(v, vf.message_type) for k, v in value.items()}
+        elif f.message_type is not None:
+            if f.is_repeated:
+                data[f.name] = [_numbers(v, f.message_type) for v in value]
+            else:
+                data[f.name] = _numbers(value, f.message_type)
+        elif f.type in (FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64) and f.name not in OPAQUE_INT64:
+            data[f.name] = [int(v) for v in value] if f.is_repeated else int(value)
+    return data
+
+
+def to_json(message: Message) -> dict[str, Any]:
+    """A proto message as JSON: proto3's mapping with the proto field names and every field present; 64-bit
+    integers are numbers, but ``chunk_id`` (a string: it may exceed 2**53)."""
+    return _numbers(json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                              always_print_fields_with_no_presence=True), message.DESCRIPTOR)
+
+
+def parse_json(raw: bytes, message_cls: type[Message], what: str) -> Any:
+    """The request body as ``message_cls``; a 400 that names the problem otherwise (empty body = all defaults)."""
+    if not raw.strip():
+        return message_cls()
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidRequest(f"the body is not valid JSON: {e}") from None
+    return parse_dict(data, message_cls, what)
+
+
+def _check_fields(data: Any, descriptor: Descriptor, where: str) -> None:
+    """Unknown fields named with the proto names (json_format's own message lists the camelCase ones)."""
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"{where} must be a JSON object, got {type(data).__name__}")
+    known = {f.name: f for f in descriptor.fields} | {f.json_name: f for f in descriptor.fields}
+    for key, value in data.items():
+        f = known.get(key)
+        if f is None:
+            raise InvalidRequest(f"{where}: unknown field {key!r}; known: {[f.name for f in descriptor.fields]}")
+        if f.message_type is not None and not f.message_type.GetOptions().map_entry and value is not None:
+            if f.is_repeated:
+                if not isinstance(value, list):
+                    raise InvalidRequest(f"{where}.{f.name} must be a list, got {type(value).__name__}")
+                for i, item in enumerate(value):
+                    _check_fields(item, f.message_type, f"{where}.{f.name}[{i}]")
+            else:
+                _check_fields(value, f.message_type, f"{where}.{f.name}")
+
+
+def parse_dict(data: Any, message_cls: type[Message], what: str) -> Any:
+    _check_fields(data, message_cls.DESCRIPTOR, what)
+    try:
+        return json_format.ParseDict(data, message_cls())
+    except json_format.ParseError as e:
+        raise InvalidRequest(f"{what}: {e}") from None
+
+
+_SCALAR: dict[int, dict[str, Any]] = {
+           FieldDescriptor.TYPE_STRING: {"type": "string"}, FieldDescriptor.TYPE_BOOL: {"type": "boolean"},
+           FieldDescriptor.TYPE_DOUBLE: {"type": "number"}, FieldDescriptor.TYPE_FLOAT: {"type": "number"},
+           FieldDescriptor.TYPE_INT32: {"type": "integer", "format": "int32"},
+           FieldDescriptor.TYPE_UINT32: {"type": "integer", "format": "int32", "minimum": 0},
+           FieldDescriptor.TYPE_INT64: {"type": "integer", "format": "int64"},
+           FieldDescriptor.TYPE_UINT64: {"type": "integer", "format": "int64", "minimum": 0},
+           FieldDescriptor.TYPE_ENUM: {"type": "string"}, FieldDescriptor.TYPE_BYTES: {"type": "string"}}
+
+
+def proto_schemas(*messages: Descriptor) -> dict[str, dict[str, Any]]:
+    """JSON Schemas (OpenAPI 3.1 components) of proto messages and every message they hold, by message name:
+    the REST bodies' contract, generated from ``proto/`` so it cannot drift."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def field_schema(f: FieldDescriptor) -> dict[str, Any]:
+        if f.message_type is not None:
+            visit(f.message_type)
+            return {"$ref": f"#/components/schemas/{f.message_type.name}"}
+        return dict(_SCALAR[f.type])
+
+    def visit(d: Descriptor) -> None:
+        if d.name in out:
+            return
+        out[d.name] = {}  # placeholder: recursion stops here
+        props: dict[str, Any] = {}
+        for f in d.fields:
+            if f.message_type is not None and f.message_type.GetOptions().map_entry:
+                props[f.name] = {"type": "object",
+                                 "additionalProperties": field_schema(f.message_type.fields_by_name["value"])}
+            elif f.is_repeated:
+                props[f.name] = {"type": "array", "items": field_schema(f)}
+            else:
+                props[f.name] = field_schema(f)
+            if f.name in OPAQUE_INT64:
+                props[f.name] = {"type": ["string", "integer"], "format": "int64",
+                                 "description": "an opaque id (a string in answers: it may exceed 2**53)"}
+        out[d.name] = {"type": "object", "properties": props, "additionalProperties": False}
+        if d.oneofs:
+            out[d.name]["description"] = "exactly one of: " + ", ".join(f.name for f in d.oneofs[0].fields)
+
+    for m in messages:
+        visit(m)
+    return out
+
+
+def _body(name: str, required: bool = True) -> dict[str, Any]:
+    return {"requestBody": {"required": required, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+
+
+def _ok(name: str) -> dict[int | str, dict[str, Any]]:
+    return {200: {"description": "OK", "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+
+
+# ---------------------------------------------------------------------- transport helpers
+
+
+class BodyLimit:
+    """ASGI middleware: a body whose ``content-length`` is over the limit gets 413 unread; a chunked body is
+    counted as it arrives and refused once it passes the limit."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            response = _error_response(BodyTooLarge(
+                f"the request body is {int(declared)} bytes; at most {self.limit} are allowed (http.max_body_mb)"),
+                uuid.uuid4().hex[:16])
+            await response(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge(f"the request body is over {self.limit} bytes (http.max_body_mb)")
+            return message
+
+        await self.app(scope, counted, send)
+
+
+async def _read_body(request: Request) -> bytes:
+    try:
+        return await request.body()
+    except BodyTooLarge:
+        raise
+    except Exception as e:  # noqa: BLE001  (the client went away mid-body)
+        raise InvalidRequest(f"could not read the request body: {e}") from None
+
+
+def caller_of(request: Request) -> Caller:
+    """The caller of an HTTP request: its key (``Authorization: Bearer`` or ``x-api-key``) and its deadline
+    (``x-timeout-ms``, milliseconds from now)."""
+    raw = request.headers.get(TIMEOUT_HEADER)
+    timeout_s: float | None = None
+    if raw is not None:
+        try:
+            timeout_s = float(raw) / 1000.0
+        except ValueError:
+            raise InvalidRequest(f"{TIMEOUT_HEADER} must be a number of milliseconds, got {raw!r}") from None
+        if not timeout_s == timeout_s or timeout_s < 0:  # NaN or negative
+            raise InvalidRequest(f"{TIMEOUT_HEADER} must be >= 0, got {raw!r}")
+    return Caller.of(request.headers, timeout_s, "http")
+
+
+async def until_disconnect(request: Request, work: Awaitable[T], caller: Caller | None = None) -> T:
+    """Await ``work`` on its own task; if the client disconnects first, cancel it and raise :class:`CallerGone`
+    (as a gRPC cancellation cancels the handler); if the caller's deadline passes first, cancel it and raise
+    DeadlineExceeded (as gRPC does)."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    remaining = caller.remaining() if caller is not None else None
+    try:
+        done, _ = await asyncio.wait({task, watch}, timeout=None if remaining is None else max(0.0, remaining),
+                                     return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    if watch in done:
+        raise CallerGone("the client disconnected")
+    raise DeadlineExceeded("the call's deadline passed")
+
+
+class DisconnectAwareSSE(EventSourceResponse):
+    """An SSE response that also listens for the client's disconnect while the stream is idle (Starlette notices a
+    gone client only when a write fails, and a prompt can take seconds before the first token): on disconnect the
+    body iterator is cancelled, which closes the answer and the backend stream."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        stream = asyncio.ensure_future(self.stream_response(send))
+        watch = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait({stream, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (stream, watch):
+                t.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError, Exception):
+                await stream
+
+
+_END = object()
+
+
+class EventFeed:
+    """One Generate running on its own task (its span, its deadline, its admission slot), feeding a bounded queue:
+    the HTTP handler reads the first event before it answers (so a refused request gets its own status code), then
+    streams the rest. ``close()`` cancels the task: the answer and the backend stream end at once."""
+
+    def __init__(self, core: ServiceCore, caller: Caller, request: pb.GenerateRequest, request_id: str,
+                 method: str) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=256)
+        self.task = asyncio.ensure_future(self._run(core, caller, request, request_id, method))
+
+    async def _run(self, core: ServiceCore, caller: Caller, request: pb.GenerateRequest, request_id: str,
+                   method: str) -> None:
+        try:
+            with core.call(method, request_id, "http") as span:
+                events = core.generate(caller, request, request_id, span)
+                remaining = caller.remaining()
+                try:
+                    async with asyncio.timeout(None if remaining is None else max(0.0, remaining)):
+                        async for message in events:
+                            await self.queue.put(message)
+                except TimeoutError:
+                    raise DeadlineExceeded("the call's deadline passed while answering") from None
+                finally:
+                    await events.aclose()
+            await self.queue.put(_END)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001  (handed to the reader, which answers it)
+            await self.queue.put(e)
+
+    async def next(self) -> pb.GenerateResponse | BaseException | None:
+        """The next event, the error that ended the answer, or None at its end."""
+        item = await self.queue.get()
+        return None if item is _END else item
+
+    async def close(self) -> None:
+        if not self.task.done():
+            self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.task
+
+
+def sse(event: str, data: Any) -> str:
+    """One Server-Sent Event (``data`` as one line of JSON)."""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+# ---------------------------------------------------------------------- the app
+
+
+class HttpDoor:
+    """The two ways a route calls the core: one unary call, or a Generate streamed as SSE."""
+
+    def __init__(self, core: ServiceCore) -> None:
+        self.core = core
+
+    async def unary(self, request: Request, method: str,
+                    work: Callable[[Caller, str], Awaitable[Message]]) -> Response:
+        """One REST call: the caller, the span and metrics (in the core), disconnect and deadline, the one error
+        mapping; the answer as the proto message's JSON."""
+        request_id = uuid.uuid4().hex[:16]
+        t0 = time.perf_counter()
+        try:
+            caller = caller_of(request)
+            await _read_body(request)  # now, before the disconnect watch reads the connection (cached for work)
+            with self.core.call(method, request_id, "http"):
+                message = await until_disconnect(request, work(caller, request_id), caller)
+        except CallerGone:
+            log.info("%s %s cancelled by the client after %.1f ms", method, request_id,
+                     (time.perf_counter() - t0) * 1000, extra={"request_id": request_id})
+            return Response(status_code=499)
+        except Exception as e:  # noqa: BLE001  (mapped in one place)
+            if status_for(e) == grpc.StatusCode.INTERNAL:
+                log.error("request %s failed", request_id, exc_info=e, extra={"request_id": request_id})
+            return _error_response(e, request_id)
+        return JSONResponse(to_json(message), headers={"x-request-id": request_id})
+
+    async def start_feed(self, request: Request, generate: pb.GenerateRequest, method: str,
+                         request_id: str) -> tuple[EventFeed, pb.GenerateResponse]:
+        """Start a Generate and wait for its first event (the passages): errors before it raise here, so the
+        handler answers them with their status code."""
+        caller = caller_of(request)
+        feed = EventFeed(self.core, caller, generate, request_id, method)
+        try:
+            first = await until_disconnect(request, feed.next())
+        except BaseException:
+            await feed.close()
+            raise
+        if first is None or isinstance(first, BaseException):
+            await feed.close()
+            raise first if isinstance(first, BaseException) else InvalidRequest("the answer ended before it started")
+        return feed, first
+
+    async def generate(self, request: Request) -> Response:
+        request_id = uuid.uuid4().hex[:16]
+        try:
+            generate = parse_json(await _read_body(request), pb.GenerateRequest, "GenerateRequest")
+            feed, first = await self.start_feed(request, generate, "Generate", request_id)
+        except CallerGone:
+            return Response(status_code=499)
+        except Exception as e:  # noqa: BLE001
+            return _error_response(e, request_id)
+
+        async def events() -> AsyncIterator[str]:
+            item: Any = first
+            try:
+                while item is not None:
+                    if isinstance(item, BaseException):
+                        yield sse("error", error_body(item, request_id)[1])
+                        return
+                    kind = item.WhichOneof("event")
+                    if kind == "passages":
+                        yield sse("passages", to_json(item.passages))
+                    elif kind == "token":
+                        yield sse("token", {"text": item.token})
+                    elif kind == "stats":
+                        yield sse("stats", to_json(item.stats))
+                    item = await feed.next()
+                yield sse("done", {"request_id": request_id})
+            finally:
+                await feed.close()
+
+        return DisconnectAwareSSE(events(), headers={"x-request-id": request_id, "cache-control": "no-cache",
+                                                     "x-accel-buffering": "no"})
+
+

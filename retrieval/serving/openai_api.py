@@ -1,0 +1,264 @@
+"""OpenAI-compatible routes of the HTTP door, so the official ``openai`` client and every OpenAI-speaking framework
+use hybridrag unchanged; and a Cohere-style ``/v1/rerank``.
+
+- ``POST /v1/chat/completions`` (streamed and not): the last user message is the question; it is retrieved for,
+  and answered from the passages by the configured generator (its system prompt, the prompt built for vLLM's prefix
+  cache). The answer carries ``citations`` (the passages, numbered as in the prompt: the model cites ``[n]``) and a
+  ``hybridrag`` object (request id, stats, passages). Retrieval options go in ``retrieval`` (``extra_body`` in the
+  openai client): ``tenant``, ``filters``, ``top_k``, ``options``, ``bypass_cache``, as in RetrieveRequest.
+  Earlier turns of the conversation are not sent to the generator; ``model`` is accepted and answered as
+  ``hybridrag`` (the answering model is in ``hybridrag.stats.model``).
+- ``POST /v1/embeddings``: the configured embedder (``encoding_format`` float or base64, as the client asks).
+- ``GET /v1/models``: the one model, ``hybridrag``.
+- ``POST /v1/rerank``: ``{"query", "documents": [str | {"text"}], "top_n", "return_documents", "stage"}`` scored by
+  one reranking stage of the cascade (cross-encoder when configured, else late interaction).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from retrieval.api import retriever_pb2 as pb
+from retrieval.errors import InvalidRequest
+from retrieval.serving.core import CallerGone
+from retrieval.serving.http_common import (
+    DisconnectAwareSSE,
+    HttpDoor,
+    _error_response,
+    caller_of,
+    error_body,
+    parse_dict,
+    to_json,
+    until_disconnect,
+)
+
+MODEL_ID = "hybridrag"
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatRequest(BaseModel):
+    """The fields we act on; the other OpenAI parameters (temperature, top_p, ...) are accepted and ignored: the
+    server's generation settings apply (they are part of the answer cache's key)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = MODEL_ID
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    n: int = 1
+    stream_options: dict[str, Any] | None = None
+    retrieval: dict[str, Any] | None = None
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str = MODEL_ID
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+class RerankRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query: str
+    documents: list[str | dict[str, Any]] = Field(min_length=1)
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = False
+    stage: str = ""
+    model: str = ""
+
+
+def _text(content: str | list[dict[str, Any]] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+
+
+def generate_request(body: ChatRequest) -> pb.GenerateRequest:
+    """The GenerateRequest of a chat request (400 for what we cannot honour)."""
+    if body.n != 1:
+        raise InvalidRequest(f"n must be 1 (one answer per request), got {body.n}")
+    users = [m for m in body.messages if m.role == "user"]
+    if not users:
+        raise InvalidRequest("messages must hold a 'user' message: its text is the question")
+    question = _text(users[-1].content)
+    options = dict(body.retrieval or {})
+    if "query" in options:
+        raise InvalidRequest("retrieval.query is not allowed: the question is the last user message")
+    retrieve = parse_dict(options, pb.RetrieveRequest, "retrieval")
+    retrieve.query = question
+    return pb.GenerateRequest(retrieve=retrieve, max_tokens=body.max_completion_tokens or body.max_tokens or 0)
+
+
+def citations(passages: pb.RetrieveResponse) -> list[dict[str, Any]]:
+    """The passages as the prompt numbers them (``[1]`` is the first)."""
+    return [{"number": i + 1, "doc_id": p.doc_id, "title": p.title, "chunk_id": str(p.chunk_id), "score": p.score,
+             "text": p.text} for i, p in enumerate(passages.passages)]
+
+
+def _finish(stats: pb.GenerateStats) -> str:
+    return "length" if stats.finish_reason == "length" else "stop"
+
+
+def _usage(stats: pb.GenerateStats) -> dict[str, int]:
+    return {"prompt_tokens": stats.tokens_in, "completion_tokens": stats.tokens_out,
+            "total_tokens": stats.tokens_in + stats.tokens_out}
+
+
+def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
+    core = door.core
+
+    @app.get("/v1/models", tags=["openai"], summary="The models (OpenAI list)")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "hybridrag"}]}
+
+    @app.post("/v1/chat/completions", tags=["openai"],
+              summary="Retrieval-augmented chat completion (OpenAI-compatible; stream = SSE chunks)")
+    async def chat(request: Request, body: ChatRequest) -> Response:
+        request_id = uuid.uuid4().hex[:16]
+        created = int(time.time())
+        cid = f"chatcmpl-{request_id}"
+        try:
+            feed, first = await door.start_feed(request, generate_request(body), "ChatCompletions", request_id)
+        except CallerGone:
+            return Response(status_code=499)
+        except Exception as e:  # noqa: BLE001
+            return _error_response(e, request_id)
+        passages = first.passages
+        cites = citations(passages)
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+            import json
+
+            out = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": MODEL_ID,
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+            return f"data: {json.dumps(out, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+        if body.stream:
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+
+            async def events() -> AsyncIterator[str]:
+                import json
+
+                try:
+                    yield chunk({"role": "assistant", "content": ""}, citations=cites)
+                    while (item := await feed.next()) is not None:
+                        if isinstance(item, BaseException):
+                            yield f"data: {json.dumps(error_body(item, request_id)[1])}\n\n"
+                            return
+                        kind = item.WhichOneof("event")
+                        if kind == "token":
+                            yield chunk({"content": item.token})
+                        elif kind == "stats":
+                            yield chunk({}, _finish(item.stats),
+                                        hybridrag={"request_id": request_id, "stats": to_json(item.stats)})
+                            if include_usage:
+                                out = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                                       "model": MODEL_ID, "choices": [], "usage": _usage(item.stats)}
+                                yield f"data: {json.dumps(out)}\n\n"
+                    yield "data: [DONE]\n\n"
+                finally:
+                    await feed.close()
+
+            return DisconnectAwareSSE(events(), headers={"x-request-id": request_id, "cache-control": "no-cache"})
+
+        async def collect() -> tuple[str, pb.GenerateStats]:
+            parts: list[str] = []
+            stats = pb.GenerateStats()
+            while (item := await feed.next()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                if item.WhichOneof("event") == "token":
+                    parts.append(item.token)
+                elif item.WhichOneof("event") == "stats":
+                    stats = item.stats
+            return "".join(parts), stats
+
+        try:
+            text, stats = await until_disconnect(request, collect())
+        except CallerGone:
+            return Response(status_code=499)
+        except Exception as e:  # noqa: BLE001
+            return _error_response(e, request_id)
+        finally:
+            await feed.close()
+        return JSONResponse({
+            "id": cid, "object": "chat.completion", "created": created, "model": MODEL_ID,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish(stats),
+                         "logprobs": None}],
+            "usage": _usage(stats), "citations": cites,
+            "hybridrag": {"request_id": request_id, "stats": to_json(stats), "passages": to_json(passages)}},
+            headers={"x-request-id": request_id})
+
+    @app.post("/v1/embeddings", tags=["openai"], summary="Embeddings of the configured embedder (OpenAI-compatible)")
+    async def embeddings(request: Request, body: EmbeddingsRequest) -> Response:
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        if any(not isinstance(t, str) for t in texts):
+            err = InvalidRequest("input must be a string or a list of strings (token ids are not accepted)")
+            return _error_response(err, uuid.uuid4().hex[:16])
+        strings: list[str] = [t for t in texts if isinstance(t, str)]
+
+        async def work(caller: Any, request_id: str) -> Any:
+            vectors = await core.embed(caller, strings)
+            if body.dimensions is not None and body.dimensions != vectors.shape[1]:
+                raise InvalidRequest(f"dimensions must be {vectors.shape[1]} (the embedder's), got {body.dimensions}")
+            return vectors
+
+        return await _model_call(request, "Embeddings", work, lambda v, rid: _embedding_list(v, body, strings, core))
+
+    @app.post("/v1/rerank", tags=["openai"], summary="Score documents for a query with a reranking stage (Cohere-style)")
+    async def rerank(request: Request, body: RerankRequest) -> Response:
+        texts = [d if isinstance(d, str) else str(d.get("text", "")) for d in body.documents]
+
+        async def work(caller: Any, request_id: str) -> Any:
+            return await core.rerank(caller, body.query, texts, body.stage)
+
+        def answer(result: tuple[str, np.ndarray], request_id: str) -> dict[str, Any]:
+            stage, scores = result
+            order = np.argsort(-scores, kind="stable")[: body.top_n or len(texts)]
+            results = [{"index": int(i), "relevance_score": float(scores[i]),
+                        **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order]
+            return {"id": request_id, "results": results, "meta": {"stage": stage}}
+
+        return await _model_call(request, "Rerank", work, answer)
+
+    async def _model_call(request: Request, method: str, work: Any, answer: Any) -> Response:
+        request_id = uuid.uuid4().hex[:16]
+        try:
+            caller = caller_of(request)
+            with core.call(method, request_id, "http"):
+                result = await until_disconnect(request, work(caller, request_id), caller)
+            return JSONResponse(answer(result, request_id), headers={"x-request-id": request_id})
+        except CallerGone:
+            return Response(status_code=499)
+        except Exception as e:  # noqa: BLE001
+            return _error_response(e, request_id)
+
+
+def _embedding_list(vectors: np.ndarray, body: EmbeddingsRequest, texts: list[str], core: Any) -> dict[str, Any]:
+    data = []
+    for i, v in enumerate(vectors):
+        if body.encoding_format == "base64":
+            value: Any = base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode()
+        else:
+            value = v.astype(float).tolist()
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    pipeline = core.state.pipeline
+    tokens = sum(len(e.ids) for e in pipeline.embedder.model.tokenize(texts)) if pipeline is not None else 0
+    return {"object": "list", "data": data, "model": MODEL_ID,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
