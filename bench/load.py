@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from bench.harness import write_result
+from retrieval.serving.http_common import TIMEOUT_HEADER
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CE_ONNX = REPO.parent / "shared" / "models" / "ce-minilm-l6-beir-train"
@@ -81,6 +82,7 @@ class SpawnedServer:
     proc: subprocess.Popen
     target: str
     log_path: Path
+    http_url: str = ""
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -95,11 +97,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_server(index: Path, config: str | None, threads: int, log_dir: Path) -> SpawnedServer:
-    """``python -m hybridrag serve`` on a free loopback port, its output in a log file (a pipe could fill)."""
+def spawn_server(index: Path, config: str | None, threads: int, log_dir: Path, http: bool = False) -> SpawnedServer:
+    """``python -m hybridrag serve`` on a free loopback port (and, with ``http``, its HTTP door on another), its
+    output in a log file (a pipe could fill)."""
     port = free_port()
     cmd = [sys.executable, "-m", "hybridrag", "serve", "--index", str(index), "--port", str(port),
            "--host", "127.0.0.1"]
+    http_port = free_port() if http else 0
+    if http:
+        cmd += ["--http-port", str(http_port)]
     if config:
         cmd += ["--config", str(Path(config).resolve())]
     if threads:
@@ -107,7 +113,7 @@ def spawn_server(index: Path, config: str | None, threads: int, log_dir: Path) -
     log_path = log_dir / f"hybridrag-serve-{port}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=server_env())
-    return SpawnedServer(proc, f"127.0.0.1:{port}", log_path)
+    return SpawnedServer(proc, f"127.0.0.1:{port}", log_path, f"http://127.0.0.1:{http_port}" if http else "")
 
 
 def server_env() -> dict[str, str]:
@@ -211,6 +217,7 @@ class LevelSpec:
     request: RequestSpec
     rpc: str = "retrieve"  # or "health": the calibration
     channels: int = 4
+    transport: str = "grpc"  # or "http": the same calls through the HTTP door (target = its base URL)
     query_offset: int = 0
     server_pid: int | None = None
 
@@ -260,15 +267,80 @@ def _run_entry(response: Any) -> dict[str, float]:
     return {p.doc_id: float(n - r) for r, p in enumerate(response.passages)}
 
 
-def _make_channels(target: str, n: int) -> list[Any]:
+def _make_channels(spec: LevelSpec, n: int) -> list[Any]:
+    """n gRPC channels (each its own TCP connection), or n HTTP clients whose keep-alive pools hold the level's
+    callers (HTTP/1.1: one request at a time per connection)."""
+    if spec.transport == "http":
+        import httpx
+
+        per = max(1, -(-spec.concurrency // n))
+        return [httpx.AsyncClient(base_url=spec.target, timeout=spec.request.timeout_s,
+                                  limits=httpx.Limits(max_connections=per, max_keepalive_connections=per))
+                for _ in range(n)]
     import grpc
 
     # a local subchannel pool: each channel its own TCP connection (by default equal channels share one)
-    return [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(n)]
+    return [grpc.aio.insecure_channel(spec.target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(n)]
+
+
+async def _close_channels(spec: LevelSpec, channels: list[Any]) -> None:
+    for c in channels:
+        await (c.aclose() if spec.transport == "http" else c.close())
+
+
+class HttpStatus(Exception):
+    """A non-200 answer of the HTTP door, named by the error's gRPC status (the door's JSON says it)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass
+class _HttpPassage:
+    doc_id: str
+
+
+@dataclass
+class _HttpAnswer:
+    """What the samples read of an answer (the fields of RetrieveResponse the bench uses), from its JSON."""
+
+    passages: list[_HttpPassage]
+    degraded: bool
+    cache_hit: bool
+    timings_ms: dict[str, float]
+
+
+def _http_callables(clients: list[Any], spec: LevelSpec):
+    r = spec.request
+    headers = {"authorization": f"Bearer {r.api_key}"} if r.api_key else {}
+    headers[TIMEOUT_HEADER] = str(int(r.timeout_s * 1000))
+
+    def make(client):
+        async def call(text: str):
+            if spec.rpc == "health":
+                resp = await client.get("/healthz")
+                if resp.status_code != 200:
+                    raise HttpStatus(f"HTTP_{resp.status_code}")
+                return resp
+            body = {"query": text, "top_k": r.top_k, "bypass_cache": r.bypass_cache}
+            if r.stages:
+                body["options"] = {"stages": list(r.stages)}
+            resp = await client.post("/v1/retrieve", json=body, headers=headers)
+            data = resp.json()
+            if resp.status_code != 200:
+                raise HttpStatus(data.get("error", {}).get("status") or f"HTTP_{resp.status_code}")
+            return _HttpAnswer([_HttpPassage(p["doc_id"]) for p in data["passages"]], data["degraded"],
+                               data["cache_hit"], data["timings_ms"])
+        return call
+
+    return [make(c) for c in clients]
 
 
 def _callables(channels: list[Any], spec: LevelSpec):
     """One awaitable per channel: ``call(text)`` sends the RPC under test with the per-request deadline."""
+    if spec.transport == "http":
+        return _http_callables(channels, spec)
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from retrieval.api import retriever_pb2 as pb
@@ -304,7 +376,7 @@ async def closed_loop(spec: LevelSpec) -> Samples:
     """C callers, request after request, for warmup + duration; outcomes completed in the window are counted."""
     import grpc
 
-    channels = _make_channels(spec.target, max(1, min(spec.concurrency, spec.channels)))
+    channels = _make_channels(spec, max(1, min(spec.concurrency, spec.channels)))
     calls = _callables(channels, spec)
     out = Samples()
     counter = itertools.count(spec.query_offset)
@@ -322,6 +394,8 @@ async def closed_loop(spec: LevelSpec) -> Samples:
                 code = "OK"
             except grpc.aio.AioRpcError as e:
                 response, code = None, e.code().name
+            except HttpStatus as e:
+                response, code = None, e.code
             except Exception as e:  # noqa: BLE001  (counted, never hidden)
                 response, code = None, type(e).__name__
             done = time.perf_counter()
@@ -341,8 +415,7 @@ async def closed_loop(spec: LevelSpec) -> Samples:
         await asyncio.gather(_cpu_window(start, end, spec.server_pid, out),
                              *(caller(i) for i in range(spec.concurrency)))
     finally:
-        for c in channels:
-            await c.close()
+        await _close_channels(spec, channels)
     return out
 
 
@@ -432,7 +505,7 @@ async def open_loop(spec: LevelSpec, rate: float, arrivals: str, seed: int) -> d
     """Fire requests on schedule whatever the completions; count those scheduled in the measured window."""
     import grpc
 
-    channels = _make_channels(spec.target, max(1, spec.channels))
+    channels = _make_channels(spec, max(1, spec.channels))
     calls = _callables(channels, spec)
     schedule = arrival_offsets(rate, spec.warmup, spec.duration, arrivals, seed)
     status: Counter = Counter()
@@ -480,8 +553,7 @@ async def open_loop(spec: LevelSpec, rate: float, arrivals: str, seed: int) -> d
         await asyncio.gather(*tasks)
         await sampler
     finally:
-        for c in channels:
-            await c.close()
+        await _close_channels(spec, channels)
     return open_summary(rate, spec.duration, status, latency, lateness, (_rate(due_at), _rate(sent_at)), max_outstanding,
                         cpu)
 
@@ -752,6 +824,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--client-procs", type=int, default=1, help="spread closed-loop callers over N processes")
     ap.add_argument("--calibration-seconds", type=float, default=2.0,
                     help="client ceiling: seconds of health Check at each level (0 = skip)")
+    ap.add_argument("--transports", default="grpc", help="doors measured at each closed-loop level, interleaved: "
+                    "grpc, http or grpc,http (the HTTP door's overhead over gRPC, same run, same server)")
+    ap.add_argument("--http-target", help="base URL of the HTTP door of --target (with --transports ...http)")
     ap.add_argument("--open-loop-rates", default="", help="comma-separated requests/s for the open loop")
     ap.add_argument("--arrivals", choices=("fixed", "poisson"), default="fixed", help="open-loop inter-arrival times")
     ap.add_argument("--seed", type=int, default=0, help="Poisson arrivals seed")
@@ -776,8 +851,11 @@ def load_query_list(dataset: str, split: str, limit: int) -> tuple[list[tuple[st
 
 
 def measure_service(args: argparse.Namespace, target: str, queries: list[tuple[str, str]],
-                    server_pid: int | None) -> tuple[dict[str, dict], dict[str, dict], Samples]:
-    """Every closed-loop level (each followed by its client calibration), then every open-loop rate."""
+                    server_pid: int | None, http_url: str = "") -> tuple[dict[str, dict], dict[str, dict], Samples,
+                                                                       dict[str, dict]]:
+    """Every closed-loop level (each followed by its client calibration) on each door (gRPC first, then HTTP at the
+    same level: both see the same machine state), then every open-loop rate (gRPC). Returns the gRPC levels, the
+    open loop, the samples, and the HTTP door's levels with their overhead against gRPC at the same level."""
     request = RequestSpec(top_k=args.top_k, stages=tuple(s for s in args.stages.split(",") if s),
                           bypass_cache=not args.cache, timeout_s=args.timeout_ms / 1000,
                           api_key=os.environ.get("HYBRIDRAG_API_KEY", ""))
@@ -785,28 +863,68 @@ def measure_service(args: argparse.Namespace, target: str, queries: list[tuple[s
                      server_pid=server_pid)
     from dataclasses import replace
 
+    transports = _transports(args.transports)
     closed: dict[str, dict] = {}
+    closed_http: dict[str, dict] = {}
     everything = Samples()
     for c in _levels(args.concurrency):
-        samples = run_level(replace(base, concurrency=c), args.client_procs)
-        everything.merge(samples)
-        entry = level_summary(samples, c, args.duration)
-        if args.calibration_seconds > 0:
-            cal = run_level(replace(base, concurrency=c, rpc="health", duration=args.calibration_seconds,
-                                    warmup=min(args.warmup, 0.5), server_pid=None), args.client_procs)
-            entry["client_ceiling_qps"] = round(len(cal.ok_ms) / args.calibration_seconds, 1)
-            entry["client_headroom"] = round(entry["client_ceiling_qps"] / entry["qps"], 1) if entry["qps"] else None
-        closed[str(c)] = entry
-        print(f"C={c:<3d} {entry['qps']:8.2f} QPS  p50 {_f(entry['p50_ms'])} ms  p99 {_f(entry['p99_ms'])} ms  "
-              f"errors {entry['errors']}  client cpu {_f(entry['client_cpu_util'], '.2f')}  "
-              f"headroom {_f(entry.get('client_headroom'))}", file=sys.stderr)
+        for transport in transports:
+            spec = replace(base, concurrency=c) if transport == "grpc" else \
+                replace(base, concurrency=c, transport="http", target=http_url)
+            samples = run_level(spec, args.client_procs)
+            if transport == "grpc":
+                everything.merge(samples)
+            entry = level_summary(samples, c, args.duration)
+            if args.calibration_seconds > 0:
+                cal = run_level(replace(spec, rpc="health", duration=args.calibration_seconds,
+                                        warmup=min(args.warmup, 0.5), server_pid=None), args.client_procs)
+                entry["client_ceiling_qps"] = round(len(cal.ok_ms) / args.calibration_seconds, 1)
+                entry["client_headroom"] = round(entry["client_ceiling_qps"] / entry["qps"], 1) if entry["qps"] else None
+                entry["health_p50_ms"] = _pct(cal.ok_ms)["p50_ms"]  # the door's own floor: a call that does nothing
+            (closed if transport == "grpc" else closed_http)[str(c)] = entry
+            print(f"{transport:4s} C={c:<3d} {entry['qps']:8.2f} QPS  p50 {_f(entry['p50_ms'])} ms  "
+                  f"p99 {_f(entry['p99_ms'])} ms  errors {entry['errors']}  "
+                  f"client cpu {_f(entry['client_cpu_util'], '.2f')}  headroom {_f(entry.get('client_headroom'))}",
+                  file=sys.stderr)
+    for c, h in closed_http.items():
+        if c in closed:
+            h["overhead_vs_grpc"] = http_overhead(closed[c], h)
     opened: dict[str, dict] = {}
-    for rate in _rates(args.open_loop_rates):
-        r = asyncio.run(open_loop(base, rate, args.arrivals, args.seed))
-        opened[f"{rate:g}"] = r
-        print(f"open loop {rate:g}/s: OK {r['ok_rps']:.1f}/s p99 {_f(r['p99_ms'])} ms  status {r['status']}  "
-              f"max outstanding {r['max_outstanding']}", file=sys.stderr)
-    return closed, opened, everything
+    if "grpc" in transports:
+        for rate in _rates(args.open_loop_rates):
+            r = asyncio.run(open_loop(base, rate, args.arrivals, args.seed))
+            opened[f"{rate:g}"] = r
+            print(f"open loop {rate:g}/s: OK {r['ok_rps']:.1f}/s p99 {_f(r['p99_ms'])} ms  status {r['status']}  "
+                  f"max outstanding {r['max_outstanding']}", file=sys.stderr)
+    return closed, opened, everything, closed_http
+
+
+def http_overhead(grpc_entry: dict[str, Any], http_entry: dict[str, Any]) -> dict[str, float | None]:
+    """The HTTP door against gRPC at one level: p50/p99 differences (ms), ratios of p50 and QPS, and the two
+    doors' do-nothing calls (gRPC health Check, GET /healthz).
+
+    >>> o = http_overhead({"p50_ms": 10.0, "p99_ms": 20.0, "qps": 100.0}, {"p50_ms": 11.0, "p99_ms": 23.0, "qps": 90.0})
+    >>> o["p50_ms_delta"], o["p99_ms_delta"], o["p50_ratio"], o["qps_ratio"]
+    (1.0, 3.0, 1.1, 0.9)
+    """
+    def diff(key: str) -> float | None:
+        a, b = grpc_entry.get(key), http_entry.get(key)
+        return None if a is None or b is None else round(b - a, 3)
+
+    def ratio(key: str) -> float | None:
+        a, b = grpc_entry.get(key), http_entry.get(key)
+        return None if not a or b is None else round(b / a, 3)
+
+    return {"p50_ms_delta": diff("p50_ms"), "p99_ms_delta": diff("p99_ms"), "p50_ratio": ratio("p50_ms"),
+            "qps_ratio": ratio("qps"), "grpc_health_p50_ms": grpc_entry.get("health_p50_ms"),
+            "http_health_p50_ms": http_entry.get("health_p50_ms")}
+
+
+def _transports(text: str) -> list[str]:
+    out = [t.strip() for t in text.split(",") if t.strip()]
+    if not out or set(out) - {"grpc", "http"}:
+        raise SystemExit(f"--transports must name grpc and/or http, got {text!r}")
+    return sorted(set(out), key=["grpc", "http"].index)
 
 
 def client_warnings(closed: dict[str, dict], opened: dict[str, dict]) -> list[str]:
@@ -840,17 +958,23 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if args.index:  # first: the spawned server does not exist yet, so the two never share the cores
             baseline = run_baseline(args, queries)
     server = None
+    want_http = "http" in _transports(args.transports)
+    if want_http and args.target and not args.http_target:
+        print("bench load: --transports with http and --target need --http-target URL", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="hybridrag-load-") as tmp:
         try:
             if args.index:
-                server = spawn_server(Path(args.index).resolve(), args.config, args.server_threads, Path(tmp))
-                target = server.target
+                server = spawn_server(Path(args.index).resolve(), args.config, args.server_threads, Path(tmp),
+                                      http=want_http)
+                target, http_url = server.target, server.http_url
                 print(f"started the server (pid {server.proc.pid}) on {target}, waiting for SERVING...", file=sys.stderr)
             else:
-                target = args.target
+                target, http_url = args.target, args.http_target or ""
             wait_serving(target, args.server_timeout, server)
             status = server_status(target, os.environ.get("HYBRIDRAG_API_KEY", ""))
-            closed, opened, samples = measure_service(args, target, queries, server.proc.pid if server else None)
+            closed, opened, samples, closed_http = measure_service(args, target, queries,
+                                                                   server.proc.pid if server else None, http_url)
         except RuntimeError as e:
             print(f"bench load: {e}", file=sys.stderr)
             return 2
@@ -859,17 +983,31 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 stop_server(server)
     if not args.no_baseline and baseline is None:
         baseline = run_baseline(args, queries)
-    report(args, queries, qrels, status, closed, opened, samples, baseline)
+    report(args, queries, qrels, status, closed, opened, samples, baseline, closed_http)
     return 0
 
 
+def print_http_overhead(closed_http: dict[str, dict]) -> None:
+    print("\nHTTP door vs gRPC (same server, same level, interleaved):")
+    print(f"{'C':>4} {'http QPS':>9} {'p50 ms':>8} {'p99 ms':>8} {'Δp50 ms':>8} {'p50 x':>6} {'QPS x':>6} "
+          f"{'health gRPC/HTTP ms':>20}")
+    for c, h in closed_http.items():
+        o = h.get("overhead_vs_grpc", {})
+        print(f"{c:>4} {h['qps']:9.1f} {_f(h['p50_ms']):>8} {_f(h['p99_ms']):>8} {_f(o.get('p50_ms_delta'), '.2f'):>8} "
+              f"{_f(o.get('p50_ratio'), '.2f'):>6} {_f(o.get('qps_ratio'), '.2f'):>6} "
+              f"{_f(o.get('grpc_health_p50_ms'), '.2f'):>9} / {_f(o.get('http_health_p50_ms'), '.2f')}")
+
+
 def report(args: argparse.Namespace, queries: list[tuple[str, str]], qrels: dict, status: dict[str, Any],
-           closed: dict[str, dict], opened: dict[str, dict], samples: Samples, baseline: dict | None) -> None:
+           closed: dict[str, dict], opened: dict[str, dict], samples: Samples, baseline: dict | None,
+           closed_http: dict[str, dict] | None = None) -> None:
     for entry in closed.values():
         with_baseline(entry, baseline)
     ndcg = quality(qrels, samples.run, baseline["run"] if baseline else None)
     warnings = client_warnings(closed, opened)
     print_tables(closed, opened)
+    if closed_http:
+        print_http_overhead(closed_http)
     print(f"\nnDCG@10: {ndcg}")
     for w in warnings:
         print(f"WARNING: {w}", file=sys.stderr)
@@ -894,10 +1032,12 @@ def report(args: argparse.Namespace, queries: list[tuple[str, str]], qrels: dict
                   "duration": args.duration, "warmup": args.warmup, "top_k": args.top_k, "stages": args.stages,
                   "cache": args.cache, "timeout_ms": args.timeout_ms, "client_procs": args.client_procs,
                   "open_loop_rates": _rates(args.open_loop_rates), "arrivals": args.arrivals,
+                  "transports": _transports(args.transports),
                   "baseline_queries": 0 if args.no_baseline else args.baseline_queries}
         base_summary = {k: v for k, v in baseline.items() if k != "run"} if baseline else None
         write_result(args.json, "load", config, {
             "server": status, "queries": len(queries), "closed_loop": closed, "open_loop": opened, "ndcg@10": ndcg,
+            "closed_loop_http": closed_http or None,
             "baseline": base_summary, "baseline_note": BASELINE_NOTE if baseline else None,
             "client_check": {"calibration": "the same client at the same C against grpc.health.v1 Check",
                              "calibration_seconds": args.calibration_seconds, "headroom_warn_below": HEADROOM_WARN,

@@ -30,14 +30,19 @@ if [ "$llm" = 1 ] && ! python -c "import llama_cpp.server" 2>/dev/null; then
   build_pid=$!
 fi
 extras="dev,scale"
-if ! command -v redis-server > /dev/null; then
-  # The shared cache's server (tests start their own on loopback): Debian's redis-server, when we may install it;
-  # in the background, beside the pip installs (waited for at the end).
+# Debian packages the tests use on loopback: redis-server (the shared cache's server; tests start their own) and
+# chromium (the playground's browser test, driven by Playwright). Installed when we may, in the background,
+# beside the pip installs (waited for at the end).
+apt_wanted=""
+command -v redis-server > /dev/null || apt_wanted="redis-server"
+[ -x /usr/bin/chromium ] || apt_wanted="$apt_wanted chromium"
+if [ -n "$apt_wanted" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) > "$wheels/apt.log" 2>&1 &
+    # shellcheck disable=SC2086
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $apt_wanted) > "$wheels/apt.log" 2>&1 &
     apt_pid=$!
   else
-    echo "setup.sh: redis-server is not installed (apt-get install redis-server); the replica tests will skip" >&2
+    echo "setup.sh: not installed: $apt_wanted (apt-get install $apt_wanted); the replica / browser tests will skip" >&2
   fi
 fi
 if [ "$bench" = 1 ]; then
@@ -60,6 +65,6 @@ if [ "$llm" = 1 ]; then
 fi
 python -c "import index_builder.models as m; f = m.bundled_minilm(); print('bundled model:', f.onnx_path)"
 if [ -n "${apt_pid:-}" ]; then
-  wait "$apt_pid" || { cat "$wheels/apt.log" >&2; echo "setup.sh: installing redis-server failed" >&2; exit 1; }
-  echo "redis-server: $(command -v redis-server)"
+  wait "$apt_pid" || { cat "$wheels/apt.log" >&2; echo "setup.sh: installing $apt_wanted failed" >&2; exit 1; }
+  echo "redis-server: $(command -v redis-server); chromium: $(command -v chromium)"
 fi

@@ -172,13 +172,13 @@ class RetrieverService(pb_grpc.RetrieverServicer):
 
     async def _unary(self, method: str, request, context: grpc.aio.ServicerContext, body):
         """One wrapper for every unary handler: request id, decoding check, span and metrics, cancellation log,
-        and the one error-to-status mapping. ``body(request, caller, request_id)`` calls the core."""
+        and the one error-to-status mapping. ``body(caller, request, request_id)`` calls the core."""
         request_id = uuid.uuid4().hex[:16]
         context.set_trailing_metadata((("x-request-id", request_id),))
         t0 = time.perf_counter()
         try:
             with self.core.call(method, request_id):
-                return await body(_decoded(request, request_id), self._caller(context), request_id)
+                return await body(self._caller(context), _decoded(request, request_id), request_id)
         except asyncio.CancelledError:
             log.info("%s %s cancelled by the client after %.1f ms", method, request_id,
                      (time.perf_counter() - t0) * 1000, extra={"request_id": request_id})
@@ -214,7 +214,7 @@ class RetrieverService(pb_grpc.RetrieverServicer):
             await self._fail(context, e, request_id)
 
     async def GetIndexStatus(self, request: pb.GetIndexStatusRequest, context: grpc.aio.ServicerContext) -> pb.IndexStatus:
-        async def body(request: pb.GetIndexStatusRequest, caller: Caller, request_id: str) -> pb.IndexStatus:
+        async def body(caller: Caller, request: pb.GetIndexStatusRequest, request_id: str) -> pb.IndexStatus:
             return self.core.status(caller)
         return await self._unary("GetIndexStatus", request, context, body)
 
@@ -222,12 +222,12 @@ class RetrieverService(pb_grpc.RetrieverServicer):
         return await self._unary("Upsert", request, context, self.core.upsert)
 
     async def Rebuild(self, request: pb.RebuildRequest, context: grpc.aio.ServicerContext) -> pb.RebuildResponse:
-        async def body(request: pb.RebuildRequest, caller: Caller, request_id: str) -> pb.RebuildResponse:
+        async def body(caller: Caller, request: pb.RebuildRequest, request_id: str) -> pb.RebuildResponse:
             return await self.core.rebuild(caller)
         return await self._unary("Rebuild", request, context, body)
 
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
-        async def body(request: pb.DeleteRequest, caller: Caller, request_id: str) -> pb.DeleteResponse:
+        async def body(caller: Caller, request: pb.DeleteRequest, request_id: str) -> pb.DeleteResponse:
             return await self.core.delete(caller, request)
         return await self._unary("Delete", request, context, body)
 

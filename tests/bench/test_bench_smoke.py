@@ -86,9 +86,14 @@ def test_load_bench_smoke(tmp_path, sample_index_dir):
     out, plots = tmp_path / "bench.json", tmp_path / "plots"
     assert main(["--index", str(sample_index_dir), "--dataset", str(REPO / "data" / "sample"), "--concurrency", "1,2",
                  "--duration", "1", "--warmup", "0.5", "--calibration-seconds", "0.5", "--open-loop-rates", "5",
-                 "--no-baseline", "--json", str(out), "--plots", str(plots)]) == 0
+                 "--transports", "grpc,http", "--no-baseline", "--json", str(out), "--plots", str(plots)]) == 0
     (entry,) = json.loads(out.read_text())["load"].values()
     assert entry["server"]["documents"] == 229
+    for level in ("1", "2"):  # the HTTP door, measured at the same levels in the same run
+        h = entry["closed_loop_http"][level]
+        assert h["ok"] > 0 and h["errors"] == {} and {"bm25", "dense", "total"} <= set(h["stage_ms"])
+        o = h["overhead_vs_grpc"]
+        assert o["p50_ratio"] > 0 and o["qps_ratio"] > 0 and o["http_health_p50_ms"] > 0
     for level in ("1", "2"):
         r = entry["closed_loop"][level]
         assert r["ok"] > 0 and r["errors"] == {} and r["cache_hits"] == 0  # bypass_cache by default

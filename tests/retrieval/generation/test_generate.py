@@ -4,6 +4,7 @@ SmolLM2-135M-Instruct GGUF) on a free port, the sample index, a real gRPC server
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -26,6 +28,7 @@ from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache
 from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.serving.grpc_service import BackgroundServer
+from retrieval.serving.http import HttpConfig
 from tests.helpers import ServeProcess
 
 pytestmark = pytest.mark.slow  # a real llama.cpp server generates for every test here
@@ -68,7 +71,8 @@ def _setup(pipeline: Pipeline, backend: BackendConfig, **over) -> GeneratorSetup
 @pytest.fixture(scope="module")
 def server(gen_pipeline, llm, spans):
     setup = _setup(gen_pipeline, BackendConfig(base_url=llm.base_url, model="smollm2"))
-    s = BackgroundServer(gen_pipeline, ServerConfig(port=0), generation=setup, tracer=spans[0])
+    s = BackgroundServer(gen_pipeline, ServerConfig(port=0), generation=setup, tracer=spans[0],
+                         http=HttpConfig(port=0))  # the HTTP door's tests below use it too
     yield s
     s.stop()
 
@@ -283,3 +287,146 @@ def test_embedded_server_dies_with_a_killed_parent(sample_index_dir):
         if llm_pid is not None:  # the test failed: do not leave the orphan behind
             with contextlib.suppress(ProcessLookupError):
                 os.kill(llm_pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------- the same answers over the HTTP door
+
+
+def _sse(response) -> list[tuple[str, dict]]:
+    """The events of a text/event-stream response, as (event, data) pairs, in order."""
+    events, event, data = [], "message", ""
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data += line[6:]
+        elif not line and data:
+            events.append((event, json.loads(data) if data != "[DONE]" else data))
+            event, data = "message", ""
+    return events
+
+
+def test_http_generate_streams_the_grpc_answer_as_sse(server):
+    """POST /v1/generate: passages, token..., stats, done; a repeat of a gRPC answer is the same answer (the
+    cache is the core's, shared by both doors)."""
+    question = "Why does water boil at a lower temperature on a mountain?"
+    with RetrieverClient(server.target, NO_RETRY) as c:
+        msgs, err = _stream(c.generate(question, 3, max_tokens=16))
+    assert err is None
+    with httpx.stream("POST", server.http_url + "/v1/generate", timeout=120,
+                      json={"retrieve": {"query": question, "top_k": 3}, "max_tokens": 16}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = _sse(r)
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "passages" and kinds[-2:] == ["stats", "done"] and set(kinds[1:-2]) == {"token"}
+    assert [p["doc_id"] for p in events[0][1]["passages"]] == [p.doc_id for p in msgs[0].passages.passages]
+    assert "".join(d["text"] for k, d in events if k == "token") == "".join(m.token for m in msgs[1:-1])
+    stats = events[-2][1]
+    assert stats["cache_hit"] and stats["tokens_out"] == msgs[-1].stats.tokens_out and stats["model"] == "smollm2"
+    r = httpx.post(server.http_url + "/v1/generate", json={"retrieve": {"query": question}, "max_tokens": 5000},
+                   timeout=60)  # refused before the stream starts: its own status, not an event
+    assert r.status_code == 400 and "max_tokens must be in [1, " in r.json()["error"]["message"]
+
+
+def test_the_openai_client_gets_cited_answers_streamed_and_not(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    messages = [{"role": "system", "content": "ignored: the server's prompt applies"},
+                {"role": "user", "content": "How do honeybees tell each other where flowers are?"}]
+    done = client.chat.completions.create(model="hybridrag", messages=messages, max_tokens=16,
+                                          extra_body={"retrieval": {"top_k": 3}})
+    answer = done.choices[0].message.content
+    assert answer.strip() and done.choices[0].finish_reason in ("stop", "length") and done.model == "hybridrag"
+    assert done.usage.completion_tokens > 0 and done.usage.prompt_tokens > 50
+    cites = done.model_extra["citations"]
+    assert [c["number"] for c in cites] == [1, 2, 3] and cites[0]["doc_id"] == "bio-012"
+    assert done.model_extra["hybridrag"]["stats"]["passages_in_prompt"] == 3
+    stream = client.chat.completions.create(model="hybridrag", messages=messages, max_tokens=16, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"retrieval": {"top_k": 3}})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].model_extra["citations"] == cites
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == answer  # the cached answer
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] in ("stop", "length")
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == done.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="hybridrag", messages=[{"role": "system", "content": "hi"}])
+    assert "must hold a 'user' message" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="hybridrag", messages=messages, extra_body={"retrieval": {"top_k": 999}})
+    assert "top_k must be in [1, 100], got 999" in str(e.value)
+
+
+def test_an_http_client_that_disconnects_closes_the_backend_stream(server, llm):
+    backend = server.running.state.generation.generator.backends["default"]
+    during = 0
+    with httpx.stream("POST", server.http_url + "/v1/generate", timeout=120,
+                      json={"retrieve": {"query": "Explain in detail how a pressure cooker works.", "top_k": 3,
+                                         "bypass_cache": True}, "max_tokens": 1000}) as r:
+        lines = r.iter_lines()
+        seen = []
+        for line in lines:
+            if line.startswith("event: "):
+                seen.append(line[7:])
+            if seen.count("token") >= 2:
+                break
+        assert seen[0] == "passages" and backend.open_streams == 1
+        during = _established_to(llm.port)
+    # leaving the block closed the connection mid-answer
+    t = time.monotonic()
+    while (backend.open_streams or _established_to(llm.port) >= during) and time.monotonic() - t < 5:
+        time.sleep(0.02)
+    assert backend.open_streams == 0 and _established_to(llm.port) == during - 1
+    metric = server.running.state.metrics.registry.get_sample_value
+    assert metric("hybridrag_requests_total", {"method": "Generate", "code": "CANCELLED", "transport": "http"}) >= 1
+    # the deadline passing mid-answer ends the stream with an error event, and closes the backend stream too
+    with httpx.stream("POST", server.http_url + "/v1/generate", timeout=120, headers={"x-timeout-ms": "1000"},
+                      json={"retrieve": {"query": "Explain in detail how a pressure cooker works.", "top_k": 2,
+                                         "bypass_cache": True}, "max_tokens": 1000}) as r:
+        events = _sse(r)
+    assert events[0][0] == "passages" and events[-1][0] == "error"
+    assert events[-1][1]["error"]["status"] == "DEADLINE_EXCEEDED"
+    t = time.monotonic()
+    while backend.open_streams and time.monotonic() - t < 5:
+        time.sleep(0.02)
+    assert backend.open_streams == 0
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def test_the_playground_in_a_real_browser(server):
+    """Debian's chromium driven by Playwright: type a question, ask; the page shows the passages with their stage
+    ranks and the streamed answer with its citations, and both equal what the API answers."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian chromium is not installed (apt-get install chromium)")
+    question = "How do honeybees find flowers and tell others?"
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page()
+            page.goto(server.http_url + "/")  # redirects to /playground
+            assert page.title() == "hybridrag playground"
+            page.fill("#query", question)
+            page.fill("#topk", "3")
+            page.click("#ask")
+            page.wait_for_function("document.getElementById('status').textContent === 'done'", timeout=120_000)
+            shown = page.eval_on_selector_all("#passages tr", "rows => rows.map(r => r.dataset.docId)")
+            badges = page.eval_on_selector_all("#passages tr:first-child .stage", "bs => bs.map(b => b.dataset.stage)")
+            answer = page.inner_text("#answer")
+            stats = page.inner_text("#stats")
+            timings = page.inner_text("#timings")
+            assert page.inner_text("#error") == ""
+        finally:
+            browser.close()
+    request = {"query": question, "top_k": 3, "options": {"stages": ["bm25", "dense", "late_interaction"]}}
+    api = httpx.post(server.http_url + "/v1/retrieve", json=request, timeout=60).json()
+    assert shown == [p["doc_id"] for p in api["passages"]]
+    assert set(badges) >= {"bm25", "dense", "fused", "late_interaction"} and "late_interaction" in timings
+    with httpx.stream("POST", server.http_url + "/v1/generate", json={"retrieve": request}, timeout=120) as r:
+        events = _sse(r)
+    assert answer.strip() == "".join(d["text"] for k, d in events if k == "token").strip()  # the same (cached) answer
+    assert "smollm2" in stats and "3 passages in the prompt" in stats
