@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "retrieval.engines": {"index_builder", "rerank", "retrieval.errors", "retrieval.search", "retrieval.live"},
     "retrieval.serving": {"index_builder", "rerank", "retrieval.errors", "retrieval.search", "retrieval.live",
                           "retrieval.generation", "retrieval.observability", "retrieval.api"},
+    "retrieval.integrations": {"retrieval.serving", "retrieval.api"},  # framework adapters over the client
     "retrieval.evaluate": {"index_builder", "rerank", "retrieval.errors", "retrieval.search"},
     "retrieval.config": {"index_builder", "retrieval.search", "retrieval.live", "retrieval.generation", "retrieval.engines",
                          "retrieval.serving", "retrieval.observability", "retrieval.errors"},

@@ -5,5 +5,5 @@ import os
 
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # read when haystack is imported: no posthog calls
 
-collect_ignore = [f"{module}.py" for module, framework in (("langchain", "langchain_core"), ("llamaindex", "llama_index"),
-                                                           ("haystack", "haystack")) if importlib.util.find_spec(framework) is None]
+FRAMEWORKS = {"langchain": "langchain_core", "llamaindex": "llama_index", "haystack": "haystack"}  # module: what it imports
+collect_ignore = [f"{module}.py" for module, framework in FRAMEWORKS.items() if importlib.util.find_spec(framework) is None]

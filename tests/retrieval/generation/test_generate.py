@@ -401,7 +401,7 @@ def test_the_playground_in_a_real_browser(server):
     sync_api = pytest.importorskip("playwright.sync_api")
     if not os.path.exists(CHROMIUM):
         pytest.skip("Debian chromium is not installed (apt-get install chromium)")
-    question = "How do honeybees find flowers and tell others?"
+    question = "Why is Venus hotter than Mercury?"  # asked by no other test here: not an answer-cache hit
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -426,6 +426,7 @@ def test_the_playground_in_a_real_browser(server):
     api = httpx.post(server.http_url + "/v1/retrieve", json=request, timeout=60).json()
     assert shown == [p["doc_id"] for p in api["passages"]]
     assert set(badges) >= {"bm25", "dense", "fused", "late_interaction"} and "late_interaction" in timings
+    assert "cache hit" not in timings and "cached answer" not in stats
     with httpx.stream("POST", server.http_url + "/v1/generate", json={"retrieve": request}, timeout=120) as r:
         events = _sse(r)
     assert answer.strip() == "".join(d["text"] for k, d in events if k == "token").strip()  # the same (cached) answer

@@ -40,8 +40,9 @@ def queries(sample_queries) -> list[str]:
 
 
 def reference(target: str, query: str, k: int = 5, api_key: str = "", **kw) -> pb.RetrieveResponse:
+    """What the Python client gets, searched afresh (the adapters' answers may come from the semantic cache)."""
     with RetrieverClient(target, ClientOptions(api_key=api_key)) as c:
-        return c.retrieve(query, k, **kw)
+        return c.retrieve(query, k, bypass_cache=True, **kw)
 
 
 def expected(r: pb.RetrieveResponse) -> list[tuple[str, str, float]]:
@@ -106,7 +107,8 @@ def test_langchain_passes_top_k_filters_tenant_and_key(lc, server, keyed_server,
 def test_langchain_in_an_lcel_chain(lc, server, queries):
     from langchain_core.runnables import RunnableLambda
 
-    chain = lc.HybridRagRetriever(target=server.target, top_k=3) | RunnableLambda(lambda docs: [d.metadata["doc_id"] for d in docs])
+    retriever = lc.HybridRagRetriever(target=server.target, top_k=3)
+    chain = retriever | RunnableLambda(lambda docs: [d.metadata["doc_id"] for d in docs])
     for q in queries:
         assert chain.invoke(q) == [p.doc_id for p in reference(server.target, q, 3).passages]
 
