@@ -4,6 +4,8 @@ Closed loop: C concurrent callers (asyncio tasks calling ``Pipeline.search_async
 each send the dataset's queries one after another for ``--duration`` seconds. The two modes alternate per
 concurrency level and round (off, on, off, on, ...) so a shift in machine load hits both alike; QPS is the best
 round of each mode. "Off" is the same code with every batcher disabled: each request makes its own model calls.
+"Window" is batching with the policy before issue 26 (``idle_dispatch = false``: every batch waits out its
+``max_wait_ms`` window, even when the model is idle); "on" is the default (an idle model takes a call at once).
 Usage::
 
     python -m bench.batching --index /tmp/idx/scifact --dataset ../shared/data/beir/scifact \\
@@ -24,13 +26,15 @@ import numpy as np
 
 from bench.harness import write_result
 
+MODES = ("off", "window", "on")
 
-def _with_batching(config, enabled: bool):
+
+def _with_batching(config, mode: str):
     b = config.batching
+    over = {"enabled": mode != "off", "idle_dispatch": mode == "on"}
     return dataclasses.replace(config, batching=dataclasses.replace(
-        b, embed=dataclasses.replace(b.embed, enabled=enabled),
-        query_tokens=dataclasses.replace(b.query_tokens, enabled=enabled),
-        cross_encoder=dataclasses.replace(b.cross_encoder, enabled=enabled)))
+        b, embed=dataclasses.replace(b.embed, **over), query_tokens=dataclasses.replace(b.query_tokens, **over),
+        cross_encoder=dataclasses.replace(b.cross_encoder, **over)))
 
 
 async def _closed_loop(pipeline, queries: list[str], concurrency: int, duration: float, stages) -> dict[str, Any]:
@@ -121,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit:
         queries = queries[: args.limit]
     levels = [int(c) for c in args.concurrency.split(",")]
-    pipelines = {mode: Pipeline(index, embedder, _with_batching(config, mode == "on"), cross_encoder=ce)
-                 for mode in ("off", "on")}
+    pipelines = {mode: Pipeline(index, embedder, _with_batching(config, mode), cross_encoder=ce) for mode in MODES}
     stages = tuple(args.stages.split(",")) if args.stages else pipelines["on"].default_stages()
     try:
         for p in pipelines.values():  # warm-up: sessions, caches, the stages' latency windows
@@ -131,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         scaling = model_batch_scaling(pipelines["on"], queries)
         results: dict[str, Any] = {}
         for c in levels:
-            rounds: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+            rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
             for _ in range(args.rounds):
-                for mode in ("off", "on"):
+                for mode in MODES:
                     p = pipelines[mode]
                     before = p.batcher_stats()
                     r = asyncio.run(_closed_loop(p, queries, c, args.duration, stages))
@@ -143,20 +146,23 @@ def main(argv: list[str] | None = None) -> int:
                                     / max(after[name]["batches"] - before[name]["batches"], 1), 2)
                         for name in after}
                     rounds[mode].append(r)
-                    print(f"concurrency {c:3d} batching {mode:3s}: {r['qps']:7.2f} QPS  p50 {r['p50_ms']:8.1f} ms  "
+                    print(f"concurrency {c:3d} batching {mode:6s}: {r['qps']:7.2f} QPS  p50 {r['p50_ms']:8.1f} ms  "
                           f"p99 {r['p99_ms']:8.1f} ms  batch sizes {r['mean_batch_size']}", file=sys.stderr)
             best = {mode: max(rs, key=lambda r: r["qps"]) for mode, rs in rounds.items()}
             results[str(c)] = {**best, "qps_ratio": round(best["on"]["qps"] / max(best["off"]["qps"], 1e-9), 2),
+                               "p50_on_over_window": round(best["on"]["p50_ms"] / max(best["window"]["p50_ms"], 1e-9), 3),
+                               "qps_on_over_window": round(best["on"]["qps"] / max(best["window"]["qps"], 1e-9), 3),
                                "rounds": rounds}
     finally:
         for p in pipelines.values():
             p.close()
 
-    print(f"\n{'callers':>8} {'off QPS':>9} {'on QPS':>9} {'ratio':>6} {'off p50':>9} {'on p50':>9} {'off p99':>9} "
-          f"{'on p99':>9}")
+    print(f"\n{'callers':>8} {'off QPS':>9} {'window QPS':>10} {'on QPS':>9} {'on/off':>6} {'off p50':>9} "
+          f"{'window p50':>10} {'on p50':>9} {'on/window p50':>13} {'on p99':>9}")
     for c, r in results.items():
-        print(f"{c:>8} {r['off']['qps']:9.2f} {r['on']['qps']:9.2f} {r['qps_ratio']:6.2f} {r['off']['p50_ms']:9.1f} "
-              f"{r['on']['p50_ms']:9.1f} {r['off']['p99_ms']:9.1f} {r['on']['p99_ms']:9.1f}")
+        print(f"{c:>8} {r['off']['qps']:9.2f} {r['window']['qps']:10.2f} {r['on']['qps']:9.2f} {r['qps_ratio']:6.2f} "
+              f"{r['off']['p50_ms']:9.1f} {r['window']['p50_ms']:10.1f} {r['on']['p50_ms']:9.1f} "
+              f"{r['p50_on_over_window']:13.3f} {r['on']['p99_ms']:9.1f}")
     if args.json:
         cfg = {"dataset": Path(args.dataset).name, "stages": list(stages), "duration": args.duration,
                "rounds": args.rounds, "late_interaction_model": config.late_interaction.model or "embedder",

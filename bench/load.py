@@ -824,6 +824,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--client-procs", type=int, default=1, help="spread closed-loop callers over N processes")
     ap.add_argument("--calibration-seconds", type=float, default=2.0,
                     help="client ceiling: seconds of health Check at each level (0 = skip)")
+    ap.add_argument("--floor-queries", type=int, default=50, help="with --index: measure the compute floor "
+                    "(bench/floor.py) on the first N queries before the server starts (0 = skip)")
     ap.add_argument("--transports", default="grpc", help="doors measured at each closed-loop level, interleaved: "
                     "grpc, http or grpc,http (the HTTP door's overhead over gRPC, same run, same server)")
     ap.add_argument("--http-target", help="base URL of the HTTP door of --target (with --transports ...http)")
@@ -957,6 +959,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             return 2
         if args.index:  # first: the spawned server does not exist yet, so the two never share the cores
             baseline = run_baseline(args, queries)
+    floor = None
+    if args.index and args.floor_queries > 0:  # also before the server: the stages' own compute, alone
+        from bench.floor import floor_of_index
+
+        floor = floor_of_index(args.index, args.config, [t for _, t in queries[: args.floor_queries]],
+                               tuple(s for s in args.stages.split(",") if s) or None)
+        print(f"compute floor {floor['floor_ms']:.2f} ms/request, throughput floor {floor['throughput_floor_qps']} QPS "
+              f"({floor['stage_p50_ms']})", file=sys.stderr)
     server = None
     want_http = "http" in _transports(args.transports)
     if want_http and args.target and not args.http_target:
@@ -983,7 +993,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 stop_server(server)
     if not args.no_baseline and baseline is None:
         baseline = run_baseline(args, queries)
-    report(args, queries, qrels, status, closed, opened, samples, baseline, closed_http)
+    report(args, queries, qrels, status, closed, opened, samples, baseline, closed_http, floor)
     return 0
 
 
@@ -1000,12 +1010,24 @@ def print_http_overhead(closed_http: dict[str, dict]) -> None:
 
 def report(args: argparse.Namespace, queries: list[tuple[str, str]], qrels: dict, status: dict[str, Any],
            closed: dict[str, dict], opened: dict[str, dict], samples: Samples, baseline: dict | None,
-           closed_http: dict[str, dict] | None = None) -> None:
+           closed_http: dict[str, dict] | None = None, floor: dict[str, Any] | None = None) -> None:
+    from bench.floor import against_floor
+
     for entry in closed.values():
         with_baseline(entry, baseline)
+        if floor is not None:
+            against_floor(entry, floor)
+    for entry in (closed_http or {}).values():
+        if floor is not None:
+            against_floor(entry, floor)
     ndcg = quality(qrels, samples.run, baseline["run"] if baseline else None)
     warnings = client_warnings(closed, opened)
     print_tables(closed, opened)
+    if floor is not None:
+        print(f"\ncompute floor {floor['floor_ms']:.2f} ms ({floor['stage_p50_ms']}), throughput floor "
+              f"{floor['throughput_floor_qps']} QPS on {floor['cores']} cores")
+        for c, e in closed.items():
+            print(f"C={c:<3} p50/floor {_f(e.get('p50_over_floor'), '.2f')}  QPS/floor {_f(e.get('qps_over_floor'), '.2f')}")
     if closed_http:
         print_http_overhead(closed_http)
     print(f"\nnDCG@10: {ndcg}")
@@ -1037,7 +1059,7 @@ def report(args: argparse.Namespace, queries: list[tuple[str, str]], qrels: dict
         base_summary = {k: v for k, v in baseline.items() if k != "run"} if baseline else None
         write_result(args.json, "load", config, {
             "server": status, "queries": len(queries), "closed_loop": closed, "open_loop": opened, "ndcg@10": ndcg,
-            "closed_loop_http": closed_http or None,
+            "closed_loop_http": closed_http or None, "floor": floor,
             "baseline": base_summary, "baseline_note": BASELINE_NOTE if baseline else None,
             "client_check": {"calibration": "the same client at the same C against grpc.health.v1 Check",
                              "calibration_seconds": args.calibration_seconds, "headroom_warn_below": HEADROOM_WARN,

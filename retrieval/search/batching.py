@@ -7,6 +7,10 @@ batch function once, the way TEI's and Triton's dynamic batchers do.
 
 The policy, and why each part is there:
 
+* **Nothing added at one caller.** When no batch of this model is running (the model is idle), whatever is queued is
+  dispatched at once: a lone caller never waits out a window (``idle_dispatch``; it once waited 2 ms per model
+  call, issue 26). Only items that queue *behind a running batch* are gathered, and they go out when that batch
+  ends or their window does, whichever is first.
 * **Bounded added latency.** The first waiting item opens a window of ``max_wait_ms``, measured from when *that
   item* was submitted; the batch closes when the window ends or ``max_batch_size`` items are in. Measuring from the
   submit time (not from when the collector looked) means an item that already waited for a free execution slot is
@@ -59,12 +63,15 @@ class BatcherConfig:
     ``enabled``: False calls the function once per item (the unbatched baseline).
     ``max_concurrent_batches``: batches running in the executor at once, [1, 64]; more than one lets the next batch
     be collected while the previous one computes.
+    ``idle_dispatch``: dispatch at once when no batch is running (the window only holds items that queued behind a
+    running batch); False = every batch waits out its window (the policy before issue 26).
     """
 
     max_batch_size: int = 32
     max_wait_ms: float = 2.0
     enabled: bool = True
     max_concurrent_batches: int = 2
+    idle_dispatch: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.max_batch_size, bool) or not isinstance(self.max_batch_size, int) \
@@ -166,6 +173,7 @@ class MicroBatcher(Generic[T, R]):
         self._queued_items = 0
         self._collecting: list[_Entry[T, R]] = []  # taken from the queue, batch not yet started
         self._inflight: set[asyncio.Task[None]] = set()
+        self._running = 0  # batches computing now (the model is idle at 0)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._collector: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
@@ -307,6 +315,7 @@ class MicroBatcher(Generic[T, R]):
                 if not live:
                     self._slots.release()
                     continue
+                self._running += 1
                 task = self._loop.create_task(self._run_batch(live), name=f"batcher-{self.name}-batch")
                 self._inflight.add(task)
                 task.add_done_callback(self._inflight.discard)
@@ -336,6 +345,8 @@ class MicroBatcher(Generic[T, R]):
                 blocked = self._take(batch, max_size)
                 if blocked or len(batch) >= max_size or not batch:
                     break  # full, next group does not fit, or everything taken so far was cancelled
+                if self.config.idle_dispatch and self._running == 0:
+                    break  # the model is idle: run what is here now (a running batch's end also wakes us)
                 remaining = deadline - time.perf_counter()
                 if remaining <= 0:
                     break
@@ -406,7 +417,10 @@ class MicroBatcher(Generic[T, R]):
             executor_error = e
             _fail(batch, lambda: executor_error)
         finally:
+            self._running -= 1
             self._slots.release()
+            if self._wakeup is not None and (self._queue or self._collecting):
+                self._wakeup.set()  # items gathered behind this batch go now, if the model is idle
 
     async def _run_direct(self, items: list[T], submitted: float) -> tuple[Sequence[R], float]:
         """Unbatched path (``enabled=False``): one call per request chunk, same checks and statistics."""

@@ -86,9 +86,14 @@ def test_load_bench_smoke(tmp_path, sample_index_dir):
     out, plots = tmp_path / "bench.json", tmp_path / "plots"
     assert main(["--index", str(sample_index_dir), "--dataset", str(REPO / "data" / "sample"), "--concurrency", "1,2",
                  "--duration", "1", "--warmup", "0.5", "--calibration-seconds", "0.5", "--open-loop-rates", "5",
-                 "--transports", "grpc,http", "--no-baseline", "--json", str(out), "--plots", str(plots)]) == 0
+                 "--transports", "grpc,http", "--floor-queries", "8", "--no-baseline", "--json", str(out),
+                 "--plots", str(plots)]) == 0
     (entry,) = json.loads(out.read_text())["load"].values()
     assert entry["server"]["documents"] == 229
+    f = entry["floor"]  # the stages' own compute, measured before the server started
+    assert f["floor_ms"] > 0 and {"query_encoding", "bm25", "dense", "fusion", "late_interaction"} <= set(f["stage_p50_ms"])
+    assert f["throughput_floor_qps"] > 0 and entry["closed_loop"]["1"]["p50_over_floor"] > 0
+    assert entry["closed_loop"]["2"]["qps_over_floor"] > 0
     for level in ("1", "2"):  # the HTTP door, measured at the same levels in the same run
         h = entry["closed_loop_http"][level]
         assert h["ok"] > 0 and h["errors"] == {} and {"bm25", "dense", "total"} <= set(h["stage_ms"])

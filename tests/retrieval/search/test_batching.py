@@ -127,7 +127,8 @@ def test_lone_item_served_and_items_within_window_share_a_batch(executor) -> Non
     fn = Recorder()
     quick = MicroBatcher(fn, BatcherConfig(max_batch_size=8, max_wait_ms=2), executor=executor)
     fn2 = Recorder()
-    slow = MicroBatcher(fn2, BatcherConfig(max_batch_size=2, max_wait_ms=1000), executor=executor)  # full at 2: no 1 s wait
+    slow = MicroBatcher(fn2, BatcherConfig(max_batch_size=2, max_wait_ms=1000, idle_dispatch=False),
+                        executor=executor)  # every batch holds its window (full at 2: no 1 s wait)
 
     async def main():
         try:
@@ -143,6 +144,36 @@ def test_lone_item_served_and_items_within_window_share_a_batch(executor) -> Non
     assert asyncio.run(main()) == (70, 10, 20)
     assert fn.batches == [[7]]
     assert fn2.batches == [[1, 2]]
+
+
+def test_an_idle_model_takes_a_lone_item_at_once_and_batches_what_queues_behind_a_running_batch(executor) -> None:
+    """idle_dispatch (the default): with nothing running, an item goes at once, whatever the window (a 1 s window
+    here: served well inside it); items that arrive while a batch computes are gathered and go together as soon as
+    it ends (not when their 1 s window does). The 0.9 s bounds only tell "before the window" from "after it"."""
+    fn = Recorder()
+    batcher = MicroBatcher(fn, BatcherConfig(max_batch_size=8, max_wait_ms=1000, max_concurrent_batches=2),
+                           executor=executor)
+
+    async def main():
+        try:
+            first = await asyncio.wait_for(batcher.submit(1), 0.9)  # did not wait out its 1 s window
+            await batcher.submit(2)
+            fn.gate = threading.Event()
+            fn.entered.clear()
+            running = asyncio.ensure_future(batcher.submit(3))
+            await _wait_entered(fn)  # batch [3] computes (blocked on the gate)
+            behind = [asyncio.ensure_future(batcher.submit(i)) for i in (4, 5, 6)]
+            await asyncio.sleep(0.05)
+            assert not any(b.done() for b in behind) and batcher.queue_depth == 3
+            fn.gate.set()
+            return first, await running, await asyncio.wait_for(asyncio.gather(*behind), 0.9)
+        finally:
+            if fn.gate is not None:
+                fn.gate.set()
+            await batcher.close()
+
+    assert asyncio.run(main()) == (10, 30, [40, 50, 60])
+    assert fn.batches == [[1], [2], [3], [4, 5, 6]]
 
 
 def test_full_batch_does_not_wait_for_window(executor) -> None:
@@ -306,7 +337,7 @@ def test_close_fails_pending_callers(executor) -> None:
 
 def test_submit_timed_reports_queue_wait(executor) -> None:
     fn = Recorder()
-    batcher = MicroBatcher(fn, BatcherConfig(max_batch_size=4, max_wait_ms=30), executor=executor)
+    batcher = MicroBatcher(fn, BatcherConfig(max_batch_size=4, max_wait_ms=30, idle_dispatch=False), executor=executor)
 
     async def main():
         try:
