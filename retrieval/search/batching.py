@@ -172,8 +172,7 @@ class MicroBatcher(Generic[T, R]):
         self._queue: deque[list[_Entry[T, R]]] = deque()  # groups of entries, FIFO
         self._queued_items = 0
         self._collecting: list[_Entry[T, R]] = []  # taken from the queue, batch not yet started
-        self._inflight: set[asyncio.Task[None]] = set()
-        self._running = 0  # batches computing now (the model is idle at 0)
+        self._inflight: set[asyncio.Task[None]] = set()  # batches computing now (the model is idle when empty)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._collector: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
@@ -315,10 +314,8 @@ class MicroBatcher(Generic[T, R]):
                 if not live:
                     self._slots.release()
                     continue
-                self._running += 1
                 task = self._loop.create_task(self._run_batch(live), name=f"batcher-{self.name}-batch")
-                self._inflight.add(task)
-                task.add_done_callback(self._inflight.discard)
+                self._inflight.add(task)  # the batch takes itself out when it ends (_run_batch's finally)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug here must not leave callers waiting forever
@@ -345,7 +342,7 @@ class MicroBatcher(Generic[T, R]):
                 blocked = self._take(batch, max_size)
                 if blocked or len(batch) >= max_size or not batch:
                     break  # full, next group does not fit, or everything taken so far was cancelled
-                if self.config.idle_dispatch and self._running == 0:
+                if self.config.idle_dispatch and not self._inflight:
                     break  # the model is idle: run what is here now (a running batch's end also wakes us)
                 remaining = deadline - time.perf_counter()
                 if remaining <= 0:
@@ -417,7 +414,7 @@ class MicroBatcher(Generic[T, R]):
             executor_error = e
             _fail(batch, lambda: executor_error)
         finally:
-            self._running -= 1
+            self._inflight.discard(asyncio.current_task())
             self._slots.release()
             if self._wakeup is not None and (self._queue or self._collecting):
                 self._wakeup.set()  # items gathered behind this batch go now, if the model is idle

@@ -37,20 +37,21 @@ from google.protobuf.message import Message
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from index_builder.errors import ConfigError
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import InvalidRequest
 from retrieval.serving.core import Caller, ServiceCore
 from retrieval.serving.http_common import (
-    _ERROR_TYPE,
+    ERROR_TYPE,
     TIMEOUT_HEADER,
     BodyLimit,
     HttpDoor,
-    _body,
-    _error_response,
-    _ok,
-    _read_body,
+    body_spec,
+    error_response,
+    ok_spec,
     parse_json,
     proto_schemas,
+    read_body,
 )
 from retrieval.serving.openai_api import add_openai_routes
 
@@ -93,25 +94,25 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
         for err in exc.errors()[:5]:
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             parts.append(f"{where or 'body'}: {err.get('msg')}")
-        return _error_response(InvalidRequest("; ".join(parts)), uuid.uuid4().hex[:16])
+        return error_response(InvalidRequest("; ".join(parts)), uuid.uuid4().hex[:16])
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         status = exc.status_code
         body = {"error": {"code": status, "status": {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(status, "ERROR"),
                           "message": f"{request.method} {request.url.path}: {exc.detail}",
-                          "type": _ERROR_TYPE.get(status, "error")}}
+                          "type": ERROR_TYPE.get(status, "error")}}
         return JSONResponse(body, status_code=status, headers=getattr(exc, "headers", None))
 
-    @app.post("/v1/retrieve", tags=["retrieval"], openapi_extra=_body("RetrieveRequest"), responses=_ok("RetrieveResponse"),
-              summary="Retrieve passages (the gRPC Retrieve)")
+    @app.post("/v1/retrieve", tags=["retrieval"], openapi_extra=body_spec("RetrieveRequest"),
+              responses=ok_spec("RetrieveResponse"), summary="Retrieve passages (the gRPC Retrieve)")
     async def retrieve(request: Request) -> Response:
         async def work(caller: Caller, request_id: str) -> Message:
-            body = parse_json(await _read_body(request), pb.RetrieveRequest, "RetrieveRequest")
+            body = parse_json(await read_body(request), pb.RetrieveRequest, "RetrieveRequest")
             return await core.retrieve(caller, body, request_id)
         return await door.unary(request, "Retrieve", work)
 
-    @app.post("/v1/generate", tags=["retrieval"], openapi_extra=_body("GenerateRequest"),
+    @app.post("/v1/generate", tags=["retrieval"], openapi_extra=body_spec("GenerateRequest"),
               responses={200: {"description": "Server-Sent Events: passages (a RetrieveResponse), token ({text}) "
                                               "..., stats (a GenerateStats), done ({request_id}); error ({error}) "
                                               "when the answer fails after it started",
@@ -120,22 +121,22 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
     async def generate(request: Request) -> Response:
         return await door.generate(request)
 
-    @app.post("/v1/documents", tags=["documents"], openapi_extra=_body("UpsertRequest"), responses=_ok("UpsertResponse"),
+    @app.post("/v1/documents", tags=["documents"], openapi_extra=body_spec("UpsertRequest"), responses=ok_spec("UpsertResponse"),
               summary="Upsert documents (durable when acknowledged; searchable at once)")
     async def upsert(request: Request) -> Response:
         async def work(caller: Caller, request_id: str) -> Message:
             core.authenticate(caller)  # 401 before the body is looked at
-            body = parse_json(await _read_body(request), pb.UpsertRequest, "UpsertRequest")
+            body = parse_json(await read_body(request), pb.UpsertRequest, "UpsertRequest")
             return await core.upsert(caller, body, request_id)
         return await door.unary(request, "Upsert", work)
 
-    @app.delete("/v1/documents", tags=["documents"], openapi_extra=_body("DeleteRequest", required=False),
-                responses=_ok("DeleteResponse"),
+    @app.delete("/v1/documents", tags=["documents"], openapi_extra=body_spec("DeleteRequest", required=False),
+                responses=ok_spec("DeleteResponse"),
                 summary="Delete documents by id (a JSON body, or ?ids=a&ids=b&tenant=t)")
     async def delete(request: Request) -> Response:
         async def work(caller: Caller, request_id: str) -> Message:
             core.authenticate(caller)
-            body = parse_json(await _read_body(request), pb.DeleteRequest, "DeleteRequest")
+            body = parse_json(await read_body(request), pb.DeleteRequest, "DeleteRequest")
             if request.query_params:
                 unknown = set(request.query_params) - {"ids", "tenant"}
                 if unknown:
@@ -145,14 +146,14 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
             return await core.delete(caller, body)
         return await door.unary(request, "Delete", work)
 
-    @app.post("/v1/rebuild", tags=["documents"], responses=_ok("RebuildResponse"),
+    @app.post("/v1/rebuild", tags=["documents"], responses=ok_spec("RebuildResponse"),
               summary="Build a new snapshot from the document store now (a key for all tenants)")
     async def rebuild(request: Request) -> Response:
         async def work(caller: Caller, request_id: str) -> Message:
             return await core.rebuild(caller)
         return await door.unary(request, "Rebuild", work)
 
-    @app.get("/v1/status", tags=["service"], responses=_ok("IndexStatus"), summary="Index, models and backends")
+    @app.get("/v1/status", tags=["service"], responses=ok_spec("IndexStatus"), summary="Index, models and backends")
     async def status(request: Request) -> Response:
         async def work(caller: Caller, request_id: str) -> Message:
             return core.status(caller)
@@ -241,8 +242,6 @@ class RunningHttp:
 
 async def start_http(core: ServiceCore, config: HttpConfig) -> RunningHttp:
     """Listen (port 0 = any free one) and serve the HTTP door on the running event loop; returns once it accepts."""
-    from index_builder.errors import ConfigError
-
     # proto IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and with Nagle a
     # response written as headers + body waits for the client's delayed ACK (~40 ms a call, measured by bench.load)
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM,

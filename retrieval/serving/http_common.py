@@ -46,7 +46,7 @@ HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
-_ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
 
@@ -60,11 +60,11 @@ def error_body(exc: BaseException, request_id: str) -> tuple[int, dict[str, Any]
     status = 413 if isinstance(exc, BodyTooLarge) else HTTP_STATUS.get(code, 500)
     message = f"internal error (request id {request_id})" if code == grpc.StatusCode.INTERNAL else str(exc)
     return status, {"error": {"code": status, "status": code.name, "message": message,
-                              "type": _ERROR_TYPE.get(status, "server_error" if status >= 500 else "error")},
+                              "type": ERROR_TYPE.get(status, "server_error" if status >= 500 else "error")},
                     "request_id": request_id}
 
 
-def _error_response(exc: BaseException, request_id: str) -> JSONResponse:
+def error_response(exc: BaseException, request_id: str) -> JSONResponse:
     status, body = error_body(exc, request_id)
     headers = {"x-request-id": request_id}
     if status == 401:
@@ -213,12 +213,12 @@ def proto_schemas(*messages: Descriptor) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _body(name: str, required: bool = True) -> dict[str, Any]:
+def body_spec(name: str, required: bool = True) -> dict[str, Any]:
     return {"requestBody": {"required": required, "content": {
         "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
 
 
-def _ok(name: str) -> dict[int | str, dict[str, Any]]:
+def ok_spec(name: str) -> dict[int | str, dict[str, Any]]:
     return {200: {"description": "OK", "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
 
 
@@ -238,7 +238,7 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            response = _error_response(BodyTooLarge(
+            response = error_response(BodyTooLarge(
                 f"the request body is {int(declared)} bytes; at most {self.limit} are allowed (http.max_body_mb)"),
                 uuid.uuid4().hex[:16])
             await response(scope, receive, send)
@@ -257,7 +257,7 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
-async def _read_body(request: Request) -> bytes:
+async def read_body(request: Request) -> bytes:
     try:
         return await request.body()
     except BodyTooLarge:
@@ -387,17 +387,19 @@ class HttpDoor:
     def __init__(self, core: ServiceCore) -> None:
         self.core = core
 
-    async def unary(self, request: Request, method: str,
-                    work: Callable[[Caller, str], Awaitable[Message]]) -> Response:
-        """One REST call: the caller, the span and metrics (in the core), disconnect and deadline, the one error
-        mapping; the answer as the proto message's JSON."""
+    async def unary(self, request: Request, method: str, work: Callable[[Caller, str], Awaitable[Any]],
+                    answer: Callable[[Any, str], dict[str, Any]] | None = None) -> Response:
+        """One call of any route but a stream: the caller, the span and metrics (in the core), disconnect and
+        deadline, the one error mapping; the answer as ``answer(result, request_id)`` (default: the proto
+        message's JSON)."""
         request_id = uuid.uuid4().hex[:16]
         t0 = time.perf_counter()
         try:
             caller = caller_of(request)
-            await _read_body(request)  # now, before the disconnect watch reads the connection (cached for work)
+            await read_body(request)  # now, before the disconnect watch reads the connection (cached for work)
             with self.core.call(method, request_id, "http"):
-                message = await until_disconnect(request, work(caller, request_id), caller)
+                result = await until_disconnect(request, work(caller, request_id), caller)
+            body = to_json(result) if answer is None else answer(result, request_id)
         except CallerGone:
             log.info("%s %s cancelled by the client after %.1f ms", method, request_id,
                      (time.perf_counter() - t0) * 1000, extra={"request_id": request_id})
@@ -405,8 +407,8 @@ class HttpDoor:
         except Exception as e:  # noqa: BLE001  (mapped in one place)
             if status_for(e) == grpc.StatusCode.INTERNAL:
                 log.error("request %s failed", request_id, exc_info=e, extra={"request_id": request_id})
-            return _error_response(e, request_id)
-        return JSONResponse(to_json(message), headers={"x-request-id": request_id})
+            return error_response(e, request_id)
+        return JSONResponse(body, headers={"x-request-id": request_id})
 
     async def start_feed(self, request: Request, generate: pb.GenerateRequest, method: str,
                          request_id: str) -> tuple[EventFeed, pb.GenerateResponse]:
@@ -427,12 +429,12 @@ class HttpDoor:
     async def generate(self, request: Request) -> Response:
         request_id = uuid.uuid4().hex[:16]
         try:
-            generate = parse_json(await _read_body(request), pb.GenerateRequest, "GenerateRequest")
+            generate = parse_json(await read_body(request), pb.GenerateRequest, "GenerateRequest")
             feed, first = await self.start_feed(request, generate, "Generate", request_id)
         except CallerGone:
             return Response(status_code=499)
         except Exception as e:  # noqa: BLE001
-            return _error_response(e, request_id)
+            return error_response(e, request_id)
 
         async def events() -> AsyncIterator[str]:
             item: Any = first

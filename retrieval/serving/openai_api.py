@@ -17,6 +17,7 @@ use hybridrag unchanged; and a Cohere-style ``/v1/rerank``.
 from __future__ import annotations
 
 import base64
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -33,9 +34,8 @@ from retrieval.serving.core import CallerGone
 from retrieval.serving.http_common import (
     DisconnectAwareSSE,
     HttpDoor,
-    _error_response,
-    caller_of,
     error_body,
+    error_response,
     parse_dict,
     to_json,
     until_disconnect,
@@ -138,13 +138,11 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
         except CallerGone:
             return Response(status_code=499)
         except Exception as e:  # noqa: BLE001
-            return _error_response(e, request_id)
+            return error_response(e, request_id)
         passages = first.passages
         cites = citations(passages)
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-            import json
-
             out = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": MODEL_ID,
                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
             return f"data: {json.dumps(out, ensure_ascii=False, separators=(',', ':'))}\n\n"
@@ -153,8 +151,6 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
 
             async def events() -> AsyncIterator[str]:
-                import json
-
                 try:
                     yield chunk({"role": "assistant", "content": ""}, citations=cites)
                     while (item := await feed.next()) is not None:
@@ -194,7 +190,7 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
         except CallerGone:
             return Response(status_code=499)
         except Exception as e:  # noqa: BLE001
-            return _error_response(e, request_id)
+            return error_response(e, request_id)
         finally:
             await feed.close()
         return JSONResponse({
@@ -210,7 +206,7 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
         texts = [body.input] if isinstance(body.input, str) else body.input
         if any(not isinstance(t, str) for t in texts):
             err = InvalidRequest("input must be a string or a list of strings (token ids are not accepted)")
-            return _error_response(err, uuid.uuid4().hex[:16])
+            return error_response(err, uuid.uuid4().hex[:16])
         strings: list[str] = [t for t in texts if isinstance(t, str)]
 
         async def work(caller: Any, request_id: str) -> Any:
@@ -219,7 +215,7 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
                 raise InvalidRequest(f"dimensions must be {vectors.shape[1]} (the embedder's), got {body.dimensions}")
             return vectors
 
-        return await _model_call(request, "Embeddings", work, lambda v, rid: _embedding_list(v, body, strings, core))
+        return await door.unary(request, "Embeddings", work, lambda v, rid: _embedding_list(v, body, strings, core))
 
     @app.post("/v1/rerank", tags=["openai"], summary="Score documents for a query with a reranking stage (Cohere-style)")
     async def rerank(request: Request, body: RerankRequest) -> Response:
@@ -235,19 +231,7 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
                         **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order]
             return {"id": request_id, "results": results, "meta": {"stage": stage}}
 
-        return await _model_call(request, "Rerank", work, answer)
-
-    async def _model_call(request: Request, method: str, work: Any, answer: Any) -> Response:
-        request_id = uuid.uuid4().hex[:16]
-        try:
-            caller = caller_of(request)
-            with core.call(method, request_id, "http"):
-                result = await until_disconnect(request, work(caller, request_id), caller)
-            return JSONResponse(answer(result, request_id), headers={"x-request-id": request_id})
-        except CallerGone:
-            return Response(status_code=499)
-        except Exception as e:  # noqa: BLE001
-            return _error_response(e, request_id)
+        return await door.unary(request, "Rerank", work, answer)
 
 
 def _embedding_list(vectors: np.ndarray, body: EmbeddingsRequest, texts: list[str], core: Any) -> dict[str, Any]:
