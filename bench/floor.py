@@ -35,7 +35,8 @@ def measure_floor(pipeline: Any, queries: list[str], stages: tuple[str, ...] | N
                   cores: int | None = None) -> dict[str, Any]:
     """Median ms of each stage's compute over ``queries``, their sum, CPU ms per request and the throughput floor.
     ``stages``: the request's stages (default: the pipeline's)."""
-    from rerank.cross_encoder import pairs_for
+    from rerank.cross_encoder import decisive_gap, pairs_for
+    from retrieval.search.pipeline import reorder
     from retrieval.search.request import SearchRequest
 
     index = pipeline.index
@@ -72,11 +73,18 @@ def measure_floor(pipeline: Any, queries: list[str], stages: tuple[str, ...] | N
             truncated = embedder_tokens and len(tokens) >= pipeline.embedder.config.max_length - 2
             weight = rr.li_weight_for(len(tokens), truncated)
             if weight > 0:
-                timed("late_interaction", lambda: index.late.rerank(tokens, current.chunk, request.li_top_k, weight,
-                                                                    rr.li_score))
-        if want_ce:
-            passages = [index.passage_with_title(int(c)) for c in current.chunk[: request.ce_top_k]]
-            timed("cross_encoder", lambda: pipeline.cross_encoder.score(pairs_for(q, passages)))
+                r = timed("late_interaction", lambda: index.late.rerank(tokens, current.chunk, request.li_top_k,
+                                                                        weight, rr.li_score))
+                current = reorder(current, r)
+        # the cross-encoder as served: its gate, its passage windows, then the pairs (the gate's skips count as 0)
+        if want_ce and rr.ce_gate_gap > 0 and decisive_gap(current.scores[: request.li_top_k]) >= rr.ce_gate_gap:
+            times.setdefault("cross_encoder", []).append(0.0)
+        elif want_ce:
+            def score() -> Any:
+                passages = pipeline.ce_passages(index, current.chunk[: request.ce_top_k], tokens, rr.ce_window_tokens)
+                return pipeline.cross_encoder.score(pairs_for(q, passages))
+
+            timed("cross_encoder", score)
 
     for q in queries[: min(5, len(queries))]:  # warm-up: sessions, caches, allocations
         one(q)

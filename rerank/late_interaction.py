@@ -73,6 +73,15 @@ class LateInteractionReranker:
                                   self.scales)  # [head, q]
         return head_scores(per_token, score)
 
+    def token_sims(self, query_tokens: np.ndarray, chunk: int) -> np.ndarray:
+        """Every stored token of ``chunk`` against every query token: float32 [t, q] (the input of
+        :func:`rerank.windows.best_window`)."""
+        lo, hi = int(self.offsets[chunk]), int(self.offsets[chunk + 1])
+        tokens = np.asarray(self.vectors[lo:hi], dtype=np.float32)
+        if self.scales is not None:
+            tokens *= np.asarray(self.scales[lo:hi], dtype=np.float32)[:, None]
+        return tokens @ np.asarray(query_tokens, dtype=np.float32).T
+
     def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0,
                score: str = "maxsim") -> Reordering:
         """Reorder the first ``top_k`` of ``chunks`` (int [n], each candidate's passage) by :meth:`scores`

@@ -217,6 +217,11 @@ def add_parser(sub: Any) -> None:
     q.add_argument("--positives", choices=("all", "retrieved"),
                    help="training positives: every judged one, or only those the first stage retrieves")
     q.add_argument("--max-length", type=int, dest="max_length")
+    q.add_argument("--teacher", help="an ONNX cross-encoder folder to distil from: its softmax over each group is "
+                   "the target (training.distill)")
+    q.add_argument("--layers", type=int, help="keep N of the init model's layers, evenly spaced (a smaller student)")
+    q.add_argument("--distill-weight", type=float, dest="distill_weight",
+                   help="with --teacher: the KL term's share of the loss (default 1: the teacher alone)")
     q.add_argument("--neighbor-targets", type=float, dest="neighbor_targets",
                    help="soft targets: a negative's target mass = this x the share of the nearest training queries "
                         "that judge it relevant (0 = off)")

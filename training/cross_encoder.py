@@ -43,6 +43,7 @@ import numpy as np
 
 from retrieval.evaluate import evaluate
 from training.data import Group, PoolList, TrainingData, fused_run, make_groups, make_lists
+from training.distill import Teacher, distill_loss, load_student
 from training.runtime import CPU_FP32, TorchRuntime, resolve_runtime
 from training.selection import DevSelection, progress_writer
 
@@ -72,6 +73,9 @@ class CrossEncoderTrainConfig:
     threads: int = 0  # torch threads (0 = torch's default)
     device: str = "auto"  # training.runtime: CUDA when present, else the CPU
     precision: str = "auto"  # training.runtime: bf16 autocast where the device has it natively, else fp32
+    teacher: str = ""  # an ONNX cross-encoder folder: its listwise softmax is the target (training.distill)
+    layers: int = 0  # N > 0: the student keeps N of the init model's layers (training.distill.kept_layers)
+    distill_weight: float = 1.0  # with a teacher: the KL term's share of the loss (the label loss has the rest)
 
     def __post_init__(self) -> None:
         from index_builder.errors import ConfigError
@@ -86,6 +90,12 @@ class CrossEncoderTrainConfig:
             raise ConfigError(f"--prior-weight must be >= 0, got {self.prior_weight}")
         if self.prior_weight > 0 and not self.lists:
             raise ConfigError("--prior-weight needs --lists N: only a pool list has a fused position per document")
+        if self.layers < 0:
+            raise ConfigError(f"--layers must be >= 0 (0 = all of the init model's), got {self.layers}")
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise ConfigError(f"--distill-weight must be in [0, 1], got {self.distill_weight}")
+        if self.teacher and not (Path(self.teacher) / "model.onnx").is_file():
+            raise ConfigError(f"--teacher {self.teacher}: no model.onnx there (an ONNX cross-encoder folder)")
 
 
 def _pairs_logits(model, tokenizer, torch, queries: list[str], passages: list[str], max_length: int,
@@ -116,8 +126,17 @@ def dev_scores(model, tokenizer, torch, data: TrainingData, cfg: CrossEncoderTra
             for qid, docs in data.dev_candidates.items()}
 
 
+def _with_teacher(loss, logits, queries: list[str], passages: list[str], cfg: CrossEncoderTrainConfig,
+                  teacher: Teacher | None, torch):
+    """``loss`` mixed with the KL term towards the teacher's softmax over the same rows (when there is one)."""
+    if teacher is None:
+        return loss
+    kl = distill_loss(logits, teacher.logits(queries, passages), torch)
+    return cfg.distill_weight * kl + (1.0 - cfg.distill_weight) * loss
+
+
 def step_loss(model, tokenizer, torch, groups: list[Group], data: TrainingData, cfg: CrossEncoderTrainConfig,
-              runtime: TorchRuntime = CPU_FP32):
+              runtime: TorchRuntime = CPU_FP32, teacher: Teacher | None = None):
     """Listwise softmax cross-entropy of one step's groups (positive at index 0 of each group's list; with
     ``cfg.neighbor_targets`` the soft targets of the module docstring)."""
     lists = []
@@ -133,13 +152,15 @@ def step_loss(model, tokenizer, torch, groups: list[Group], data: TrainingData, 
     logits = _pairs_logits(model, tokenizer, torch, queries, passages, cfg.max_length, runtime).view(len(groups), width)
     if cfg.neighbor_targets <= 0:
         target = torch.zeros(len(groups), dtype=torch.long, device=logits.device)
-        return torch.nn.functional.cross_entropy(logits, target)
-    mass = torch.tensor(soft_targets(groups, lists, width, data, cfg.neighbor_targets), device=logits.device)
-    return -(mass * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+        loss = torch.nn.functional.cross_entropy(logits, target)
+    else:
+        mass = torch.tensor(soft_targets(groups, lists, width, data, cfg.neighbor_targets), device=logits.device)
+        loss = -(mass * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+    return _with_teacher(loss, logits, queries, passages, cfg, teacher, torch)
 
 
 def list_loss(model, tokenizer, torch, lists: list[PoolList], data: TrainingData, cfg: CrossEncoderTrainConfig,
-              runtime: TorchRuntime = CPU_FP32):
+              runtime: TorchRuntime = CPU_FP32, teacher: Teacher | None = None):
     """Pool-list loss (module docstring): softmax cross-entropy of each list's logits, plus ``cfg.prior_weight`` x
     the z-scored fused position, against its judged documents' share of the mass."""
     width = min(len(p.docs) for p in lists)
@@ -150,7 +171,8 @@ def list_loss(model, tokenizer, torch, lists: list[PoolList], data: TrainingData
         prior = -torch.arange(width, dtype=torch.float32, device=logits.device)
         logits = logits + cfg.prior_weight * (prior - prior.mean()) / prior.std(unbiased=False)
     mass = torch.tensor(list_targets(lists, width, data, cfg.neighbor_targets), device=logits.device)
-    return -(mass * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+    loss = -(mass * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+    return _with_teacher(loss, logits, queries, passages, cfg, teacher, torch)
 
 
 def list_targets(lists: list[PoolList], width: int, data: TrainingData, beta: float) -> list[list[float]]:
@@ -194,8 +216,12 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(init), local_files_only=True)
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        str(init), num_labels=1, local_files_only=True, attn_implementation="eager")
+    if cfg.layers or not any((init / f).is_file() for f in ("model.safetensors", "pytorch_model.bin")):
+        model = load_student(init, cfg.layers, torch, transformers)  # fewer layers, or an ONNX-only folder
+    else:
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            str(init), num_labels=1, local_files_only=True, attn_implementation="eager")
+    teacher = Teacher(Path(cfg.teacher), cfg.max_length, cfg.threads) if cfg.teacher else None
     runtime = resolve_runtime(torch, cfg.device, cfg.precision)
     model.to(runtime.device)
     if progress:
@@ -231,7 +257,7 @@ def train_cross_encoder(data: TrainingData, init: Path, cfg: CrossEncoderTrainCo
     for step in bar:
         model.train()
         batch = [groups[(step * cfg.groups_per_step + i) % len(groups)] for i in range(cfg.groups_per_step)]
-        loss = (list_loss if cfg.lists else step_loss)(model, tokenizer, torch, batch, data, cfg, runtime)
+        loss = (list_loss if cfg.lists else step_loss)(model, tokenizer, torch, batch, data, cfg, runtime, teacher)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -4,11 +4,15 @@ Roles: query embedding (with the embedder's token states, which late interaction
 configured), ColBERT query token encoding, and cross-encoder pair scoring. Each batcher runs its batches on a
 small dedicated model pool, apart from the BM25/faiss pool, so index work never queues behind a model batch.
 With batching disabled (``enabled = false`` per role) every request calls the model alone: the baseline the
-batching benchmark compares against.
+batching benchmark compares against. Cross-encoder scores of (query, passage) pairs can be kept in a bounded LRU
+(:class:`PairCache`, ``[rerank] ce_cache_pairs``): a repeated query with another filter, depth or tenant scope, or
+one that the semantic cache does not answer, pays only for the pairs it has not seen.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,9 +40,48 @@ class BatchingConfig:
             raise ValueError(f"model_workers must be >= 1, got {self.model_workers}")
 
 
+class PairCache:
+    """Cross-encoder logits of (query, passage) pairs, at most ``capacity`` of them, least recently used evicted.
+    Keys are 16-byte digests of the exact texts, so a cached score is the score of the same input (a passage
+    window is its own text). One per cross-encoder; used from the pipeline's loop only (no lock)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._scores: OrderedDict[bytes, float] = OrderedDict()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def key(query: str, passage: str) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(query.encode())
+        h.update(b"\x00")
+        h.update(passage.encode())
+        return h.digest()
+
+    def get(self, key: bytes) -> float | None:
+        score = self._scores.get(key)
+        if score is None:
+            self.misses += 1
+            return None
+        self._scores.move_to_end(key)
+        self.hits += 1
+        return score
+
+    def put(self, key: bytes, score: float) -> None:
+        self._scores[key] = score
+        self._scores.move_to_end(key)
+        while len(self._scores) > self.capacity:
+            self._scores.popitem(last=False)
+
+    def snapshot(self) -> dict[str, Any]:
+        total = self.hits + self.misses
+        return {"entries": len(self._scores), "capacity": self.capacity, "hits": self.hits, "misses": self.misses,
+                "hit_rate": round(self.hits / total, 4) if total else 0.0}
+
+
 class ModelCalls:
     def __init__(self, embedder: Embedder, token_encoder: TokenEncoder | None, cross_encoder: CrossEncoder | None,
-                 config: BatchingConfig) -> None:
+                 config: BatchingConfig, pair_cache: int = 0) -> None:
         self.embedder = embedder
         self.token_encoder = token_encoder
         self.cross_encoder = cross_encoder
@@ -54,6 +97,7 @@ class ModelCalls:
         if cross_encoder is not None:
             score: Any = cross_encoder.score  # returns an array of floats: a Sequence[float] to the batcher
             self.pairs = MicroBatcher(score, config.cross_encoder, executor=self.executor, name="cross_encoder")
+        self.pair_cache = PairCache(pair_cache) if cross_encoder is not None and pair_cache > 0 else None
 
     @property
     def batchers(self) -> list[MicroBatcher[Any, Any]]:
@@ -75,11 +119,33 @@ class ModelCalls:
         return await self.query_tokens.submit_timed(query)
 
     async def score_pairs(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        """The cross-encoder's logit per passage, float32 [len(passages)]; only pairs not in the pair cache are
+        sent to the model."""
         assert self.pairs is not None
-        return np.asarray(await self.pairs.submit_many(pairs_for(query, passages)), dtype=np.float32)
+        cache = self.pair_cache
+        if cache is None:
+            return np.asarray(await self.pairs.submit_many(pairs_for(query, passages)), dtype=np.float32)
+        keys = [cache.key(query, p) for p in passages]
+        out = np.empty(len(passages), dtype=np.float32)
+        miss = []
+        for i, key in enumerate(keys):
+            score = cache.get(key)
+            if score is None:
+                miss.append(i)
+            else:
+                out[i] = score
+        if miss:
+            scores = await self.pairs.submit_many(pairs_for(query, [passages[i] for i in miss]))
+            for i, score in zip(miss, scores, strict=True):
+                out[i] = score
+                cache.put(keys[i], float(score))
+        return out
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        return {b.name: b.snapshot() for b in self.batchers}
+        stats = {b.name: b.snapshot() for b in self.batchers}
+        if self.pair_cache is not None:
+            stats["cross_encoder_pairs"] = self.pair_cache.snapshot()
+        return stats
 
     async def aclose(self) -> None:
         for b in self.batchers:

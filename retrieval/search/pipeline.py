@@ -47,10 +47,11 @@ from threadpoolctl import threadpool_limits
 from index_builder.models import CrossEncoder, CrossEncoderConfig, Embedder, EmbedderConfig
 from index_builder.token_encoders import TokenEncoder, TokenEncoderConfig, identity, make_token_encoder
 from index_builder.types import Hits
-from rerank.cross_encoder import rerank_by_scores
+from rerank.cross_encoder import decisive_gap, rerank_by_scores
 from rerank.late_interaction import SCORES as LI_SCORES
 from rerank.late_interaction import Reordering
 from rerank.maxsim import maxsim
+from rerank.windows import best_window, char_span
 from retrieval.errors import DeadlineExceeded, InvalidRequest
 from retrieval.observability.tracing import NO_TRACER, child_span
 from retrieval.search.fusion import FusionConfig, rrf
@@ -108,6 +109,14 @@ class RerankConfig:
     deadline is below that stage's recent p95 latency (over the last ``latency_window`` runs); the cross-encoder
     goes first, then late interaction. ``budget_ms`` > 0 gives requests without a deadline one.
 
+    Cross-encoder cost levers (docs/results/interactive-cascade.md): ``ce_window_tokens`` > 0 scores only each
+    passage's best window of that many tokens, found by late interaction's token similarities
+    (:mod:`rerank.windows`; needs the index's token vectors and the embedder's own query token vectors, else the
+    whole passage is scored); ``ce_gate_gap`` > 0 skips the cross-encoder when the head is already decisive (its
+    first two scores at least that many standard deviations apart, :func:`rerank.cross_encoder.decisive_gap`; the
+    response names the skip); ``ce_cache_pairs`` > 0 keeps that many pair scores
+    (:class:`retrieval.search.model_calls.PairCache`).
+
     ``li_weight`` / ``ce_weight``: the stage's share in its head's new order; below 1 the stage's scores are blended
     with the order it received (:mod:`rerank.interpolation`; ``hybridrag train`` reports the best weight on dev).
     1 = the stage alone. ``li_long_query_tokens`` > 0: queries with more query tokens, or that the encoder had
@@ -124,6 +133,9 @@ class RerankConfig:
     cross_encoder: bool = False
     ce_top_k: int = 5
     ce_weight: float = 1.0
+    ce_window_tokens: int = 0
+    ce_gate_gap: float = 0.0
+    ce_cache_pairs: int = 0
     max_top_k: int = 100
     budget_ms: float = 0.0
     latency_window: int = 200
@@ -139,6 +151,11 @@ class RerankConfig:
                 raise ValueError(f"{name} must be in [0, 1] (1 = the stage alone), got {getattr(self, name)}")
         if self.li_score not in LI_SCORES:
             raise ValueError(f"li_score must be one of {', '.join(LI_SCORES)}, got {self.li_score!r}")
+        for name in ("ce_window_tokens", "ce_cache_pairs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
+        if self.ce_gate_gap < 0:
+            raise ValueError(f"ce_gate_gap must be >= 0 (0 = never skip), got {self.ce_gate_gap}")
         if self.li_long_query_tokens < 0:
             raise ValueError(f"li_long_query_tokens must be >= 0 (0 = one weight for every query), "
                              f"got {self.li_long_query_tokens}")
@@ -290,7 +307,8 @@ class Pipeline:
         self.config = config
         self.token_encoder = token_encoder or make_token_encoder(config.late_interaction, embedder)
         self.cross_encoder = cross_encoder
-        self.models = ModelCalls(embedder, self.token_encoder, cross_encoder, config.batching)
+        self.models = ModelCalls(embedder, self.token_encoder, cross_encoder, config.batching,
+                                 pair_cache=config.rerank.ce_cache_pairs)
         self.latency = StageLatency(config.rerank.latency_window)
         if config.first_stage.blas_threads > 0:  # process-wide (BLAS has one pool); see FirstStageConfig
             threadpool_limits(limits=config.first_stage.blas_threads, user_api="blas")
@@ -625,10 +643,15 @@ class Pipeline:
             result.skipped["cross_encoder"] = (f"deadline: {left_ms():.0f} ms left, below the cross_encoder p95 "
                                                f"({need:.0f} ms)")
             want_ce, result.degraded = False, True
+        if want_ce and rr.ce_gate_gap > 0 and (gap := decisive_gap(current.scores[:li_top_k])) >= rr.ce_gate_gap:
+            result.skipped["cross_encoder"] = (f"gated: the head is already decisive (its first two {gap:.2f} "
+                                               f"standard deviations apart; rerank.ce_gate_gap = {rr.ce_gate_gap})")
+            want_ce = False
         if want_ce:
             t = time.perf_counter()
             with child_span(tracer, "hybridrag.cross_encoder", trace, {"top_k": ce_top_k}):
-                passages = [index.passage_with_title(int(c)) for c in current.chunk[:ce_top_k]]
+                chunks = current.chunk[:ce_top_k]
+                passages = self.ce_passages(index, chunks, query_tokens, rr.ce_window_tokens)
                 scores = await self.models.score_pairs(query, passages)
                 current = reorder(current, rerank_by_scores(scores, len(current), rr.ce_weight))
             result.stages["cross_encoder"] = current
@@ -641,6 +664,24 @@ class Pipeline:
             self.cache.put(scope, index.generation, query_vec, query, keep, result.doc_ids(), since=epoch,
                            nbytes=keep.approx_bytes() + filter.nbytes)
         return result
+
+    def ce_passages(self, index: IndexView, chunks: np.ndarray, query_tokens: np.ndarray | None,
+                    width: int = 0) -> list[str]:
+        """The texts the cross-encoder scores for ``chunks``: each passage (title + chunk), or with ``width`` > 0
+        (``ce_window_tokens``) its best window by late interaction's token similarities (:mod:`rerank.windows`).
+        Windows need the embedder's own token vectors (their positions are the embedder's word pieces) and the
+        index's stored ones; without them the whole passage is scored."""
+        passages = [index.passage_with_title(int(c)) for c in chunks.tolist()]
+        token_sims = getattr(index.late, "token_sims", None)
+        if not width or query_tokens is None or not self.models.embedder_tokens or token_sims is None:
+            return passages
+        out = []
+        for c, passage, enc in zip(chunks.tolist(), passages, self.embedder.model.tokenize(passages), strict=True):
+            start, end = best_window(token_sims(query_tokens, int(c)), width)
+            content = [i for i, special in enumerate(enc.special_tokens_mask) if not special]
+            a, b = char_span(enc.offsets, content, start, end)
+            out.append(passage[a:b] if b > a else passage)
+        return out
 
     def fuse(self, bm25: Hits, dense: Hits) -> Hits:
         """RRF of the two document rankings; each fused document keeps the chunk of the list that ranked it higher."""

@@ -287,3 +287,47 @@ def test_pool_lists_are_the_fused_heads_and_train_as_a_residual(sample_train, pi
     with torch.no_grad():
         after = float(list_loss(trained.eval(), tokenizer, torch, fixed, data, cfg))
     assert summary["groups"] == len(lists) and summary["steps_run"] == 10 and after < before, (before, after)
+
+
+def test_student_distillation_from_an_onnx_teacher(sample_train, pipeline, tmp_path):
+    """A 2-layer student cut from the shared cross-encoder (an ONNX-only folder: weights read back from the graph),
+    trained a few steps towards the teacher's listwise softmax: the full-depth read-back reproduces the teacher's
+    logits, the KL to the teacher falls, and the student exports."""
+    import numpy as np
+
+    from tests.helpers import CE_MODEL
+    from training.distill import Teacher, distill_loss, kept_layers, load_student
+
+    if not (CE_MODEL / "model.onnx").is_file():
+        pytest.skip("../shared/models/ce-minilm-l6-beir-train is absent")
+    data = load_training_data(sample_train, "train", dev_fraction=0.25, seed=3)
+    mine(data, pipeline, depth=10, dev_depth=20)
+    data.dev_candidates = {}
+    tok = transformers.AutoTokenizer.from_pretrained(str(CE_MODEL), local_files_only=True)
+    teacher = Teacher(CE_MODEL, 64)
+    groups = make_groups(data, hard=3, random_negatives=1, seed=1)[:8]
+    queries = [g.query for g in groups for _ in range(5)]
+    passages = [data.passages[d] for g in groups for d in [g.positive, *g.negatives][:5]]
+    enc = tok(queries, passages, truncation="only_second", max_length=64, padding=True, return_tensors="pt")
+    target = teacher.logits(queries, passages)
+    full = load_student(CE_MODEL, 0, torch, transformers).eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(full(**enc).logits.squeeze(-1).numpy(), target, atol=1e-3)
+    assert kept_layers(6, 2) == [2, 5]
+
+    def kl(model) -> float:
+        model.eval()
+        with torch.no_grad():
+            return float(distill_loss(model(**enc).logits.squeeze(-1).view(len(groups), 5), target, torch))
+
+    before = kl(load_student(CE_MODEL, 2, torch, transformers))
+    cfg = CrossEncoderTrainConfig(max_length=64, hard_negatives=3, random_negatives=1, groups_per_step=4, lr=2e-4,
+                                  max_steps=10, seed=1, in_batch=False, teacher=str(CE_MODEL), layers=2)
+    model, tokenizer, summary = train_cross_encoder(data, CE_MODEL, cfg, progress=False)
+    assert model.config.num_hidden_layers == 2 and summary["config"]["teacher"] == str(CE_MODEL)
+    after = kl(model)
+    assert after < before, (before, after, summary["losses"])
+    check = export_cross_encoder(model, tokenizer, tmp_path / "student", [(queries[0], passages[0])], 64)
+    assert check["fp32"]["passed"]
+    with pytest.raises(Exception, match="--layers must be in"):
+        load_student(CE_MODEL, 7, torch, transformers)

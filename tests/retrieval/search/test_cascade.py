@@ -86,3 +86,94 @@ def test_tight_deadline_skips_the_cross_encoder_and_answers_in_time(sample_index
         assert "cross_encoder" in p.search(query, k=10, stages=full, ce_top_k=10).stages
     finally:
         p.close()
+
+
+def _cascade(sample_index, embedder, config, **rerank):
+    ce = CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL)))
+    cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, cross_encoder=True, **rerank))
+    return Pipeline(sample_index, embedder, cfg, cross_encoder=ce)
+
+
+FULL = ("bm25", "dense", "late_interaction", "cross_encoder")
+QUERY = "How do honeybees tell the hive where the nectar is?"
+
+
+@pytest.mark.skipif(not CE_MODEL.is_dir(), reason="../shared/models/ce-minilm-l6-beir-train is absent")
+def test_cross_encoder_windows_are_the_best_maxsim_span_of_each_passage(sample_index, embedder, config):
+    from rerank.windows import best_window
+
+    p = _cascade(sample_index, embedder, config, ce_window_tokens=12)
+    try:
+        res = p.search(QUERY, k=10, stages=FULL, ce_top_k=3)
+        chunks = res.stages["late_interaction"].chunk[:3]
+        tokens = embedder.encode([QUERY], with_tokens=True).token_vectors[0].astype(np.float32)
+        windows = p.ce_passages(p.index, chunks, tokens, 12)
+        for c, w in zip(chunks.tolist(), windows, strict=True):
+            whole = p.index.passage_with_title(c)
+            assert w and w in whole and len(w) < len(whole)
+            # the window re-tokenises to the 12 pieces the late-interaction similarities chose
+            pieces = embedder.model.tokenize([w])[0]
+            assert sum(1 for s in pieces.special_tokens_mask if not s) == 12
+            start, end = best_window(p.index.late.token_sims(tokens, c), 12)
+            enc = embedder.model.tokenize([whole])[0]
+            content = [i for i, s in enumerate(enc.special_tokens_mask) if not s]
+            assert enc.tokens[content[start]] == pieces.tokens[1] and enc.tokens[content[end - 1]] == pieces.tokens[-2]
+        # the served stage scores exactly those windows
+        scores = np.asarray(p.cross_encoder.score([(QUERY, w) for w in windows]), dtype=np.float32)
+        assert sorted(res.stages["cross_encoder"].scores[:3].tolist(), reverse=True) == pytest.approx(
+            sorted(scores.tolist(), reverse=True), rel=1e-4, abs=1e-4)
+        # a width as long as the passages gives the whole passages back
+        assert p.ce_passages(p.index, chunks, tokens, 4096) == [p.index.passage_with_title(int(c)) for c in chunks]
+        assert p.ce_passages(p.index, chunks, None, 12) == [p.index.passage_with_title(int(c)) for c in chunks]
+    finally:
+        p.close()
+
+
+@pytest.mark.skipif(not CE_MODEL.is_dir(), reason="../shared/models/ce-minilm-l6-beir-train is absent")
+def test_cross_encoder_gate_skips_decisive_heads_and_says_so(sample_index, embedder, config):
+    from rerank.cross_encoder import decisive_gap
+
+    open_gate = _cascade(sample_index, embedder, config)
+    try:
+        base = open_gate.search(QUERY, k=10, stages=FULL)
+        gap = decisive_gap(base.stages["late_interaction"].scores[:config.rerank.li_top_k])
+    finally:
+        open_gate.close()
+    shut = _cascade(sample_index, embedder, config, ce_gate_gap=gap * 0.99)
+    try:
+        res = shut.search(QUERY, k=10, stages=FULL)
+        assert "cross_encoder" not in res.stages and not res.degraded
+        assert res.skipped["cross_encoder"].startswith("gated: the head is already decisive")
+        assert res.hits.doc.tolist() == base.stages["late_interaction"].doc[:10].tolist()
+    finally:
+        shut.close()
+    above = _cascade(sample_index, embedder, config, ce_gate_gap=gap * 1.01)
+    try:
+        res = above.search(QUERY, k=10, stages=FULL)
+        assert "cross_encoder" in res.stages and res.hits.doc.tolist() == base.hits.doc.tolist()
+    finally:
+        above.close()
+    with pytest.raises(ValueError, match="ce_gate_gap must be >= 0"):
+        dataclasses.replace(config.rerank, ce_gate_gap=-1.0)
+
+
+@pytest.mark.skipif(not CE_MODEL.is_dir(), reason="../shared/models/ce-minilm-l6-beir-train is absent")
+def test_pair_cache_scores_only_unseen_pairs_and_answers_the_same(sample_index, embedder, config):
+    p = _cascade(sample_index, embedder, config, ce_cache_pairs=8)
+    try:
+        first = p.search(QUERY, k=10, stages=FULL, use_cache=False, ce_top_k=5)
+        items = p.batcher_stats()["cross_encoder"]["items"]
+        again = p.search(QUERY, k=10, stages=FULL, use_cache=False, ce_top_k=5)
+        stats = p.batcher_stats()
+        assert stats["cross_encoder"]["items"] == items  # every pair came from the cache
+        assert again.hits.doc.tolist() == first.hits.doc.tolist()
+        np.testing.assert_allclose(again.hits.scores, first.hits.scores, rtol=1e-6)
+        deeper = p.search(QUERY, k=10, stages=FULL, use_cache=False, ce_top_k=7)
+        assert p.batcher_stats()["cross_encoder"]["items"] == items + 2  # only the two new pairs were scored
+        pairs = p.batcher_stats()["cross_encoder_pairs"]
+        assert pairs["hits"] == 10 and pairs["misses"] == 7 and pairs["entries"] == 7
+        assert "cross_encoder" in deeper.stages
+        p.search("a different question about volcanoes", k=10, stages=FULL, use_cache=False, ce_top_k=5)
+        assert p.batcher_stats()["cross_encoder_pairs"]["entries"] == 8  # bounded: the oldest were evicted
+    finally:
+        p.close()
