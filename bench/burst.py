@@ -105,25 +105,32 @@ async def run(target: str, queries: list[str], calls: int, bursts: int, channels
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--index", required=True)
-    ap.add_argument("--dataset", required=True)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--index", help="spawn `hybridrag serve --index DIR` and measure it")
+    where.add_argument("--target", help="HOST:PORT of a running server")
+    ap.add_argument("--dataset", required=True, help="BEIR folder: its test queries are sent")
     ap.add_argument("--config", help="TOML configuration of the spawned server")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--bursts", type=int, default=5)
     ap.add_argument("--channels", type=int, default=4)
     ap.add_argument("--timeout-s", type=float, default=30.0)
     ap.add_argument("--pause-s", type=float, default=2.0, help="idle seconds between bursts")
+    ap.add_argument("--label", default="", help="names this run in the JSON (e.g. the server settings given by env)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     queries = [t for _, t in load_query_list(args.dataset, "test", 0)[0]]
-    with tempfile.TemporaryDirectory(prefix="hybridrag-burst-") as tmp:
-        server = spawn_server(Path(args.index).resolve(), args.config, 0, Path(tmp))
-        try:
-            wait_serving(server.target, 300.0, server)
-            result = asyncio.run(run(server.target, queries, args.calls, args.bursts, args.channels, args.timeout_s,
-                                     args.pause_s))
-        finally:
-            stop_server(server)
+    if args.target:
+        result = asyncio.run(run(args.target, queries, args.calls, args.bursts, args.channels, args.timeout_s,
+                                 args.pause_s))
+    else:
+        with tempfile.TemporaryDirectory(prefix="hybridrag-burst-") as tmp:
+            server = spawn_server(Path(args.index).resolve(), args.config, 0, Path(tmp))
+            try:
+                wait_serving(server.target, 300.0, server)
+                result = asyncio.run(run(server.target, queries, args.calls, args.bursts, args.channels,
+                                         args.timeout_s, args.pause_s))
+            finally:
+                stop_server(server)
     r, h = result["refused_from_burst_start"], result["health_alone"]
     print(f"health alone p50 {h['p50_ms']} ms; refused {r['n']} (p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms from the "
           f"burst's start; own p50 {result['refused_own_latency']['p50_ms']} ms); admitted per burst "

@@ -26,6 +26,7 @@ The baseline is ``full`` fp32 of the same run. Usage::
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,8 +36,8 @@ from typing import Any
 import numpy as np
 import pytrec_eval
 
-from bench.ce_latency import _quantize
 from bench.harness import machine, write_result
+from index_builder.export import quantize_model
 from index_builder.models import CrossEncoder, CrossEncoderConfig
 from index_builder.onnx_runner import RuntimeConfig
 from rerank.cross_encoder import decisive_gap
@@ -161,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="ONNX intra-op threads (0 = onnxruntime's choice)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--only", default="", help="a regular expression: run only the variants it finds (the baseline, "
+                                                "'full fp32', always runs)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -171,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     def ce(folder: str | Path) -> CrossEncoder:
         return CrossEncoder(CrossEncoderConfig(model=str(folder), max_length=args.max_length, runtime=runtime))
 
-    models = {"fp32": ce(args.model), "int8": ce(_quantize(Path(args.model), Path(args.int8_dir)))}
+    def int8(folder: str, out: str) -> Path:
+        quantize_model(Path(folder), Path(out), force=True)
+        return Path(out)
+
+    models = {"fp32": ce(args.model), "int8": ce(int8(args.model, args.int8_dir))}
     variants = [("full fp32", "fp32", "full"), ("full int8", "int8", "full")]
     for w in WIDTHS:
         variants += [(f"window{w} fp32", "fp32", f"window{w}"), (f"title+window{w} fp32", "fp32", f"title+window{w}"),
@@ -181,9 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         models[key] = ce(folder)
         variants += [(f"{key} full", key, "full"), (f"{key} window48", key, "window48"),
                      (f"{key} window64", key, "window64")]
-        models[key + " int8"] = ce(_quantize(Path(folder), Path(args.int8_dir + "-" + key)))
+        models[key + " int8"] = ce(int8(folder, args.int8_dir + "-" + key))
         variants += [(f"{key} int8 window48", key + " int8", "window48")]
 
+    if args.only:
+        variants = [v for v in variants if v[0] == "full fp32" or re.search(args.only, v[0])]
     pipeline = Pipeline.open(Path(args.index), config)
     try:
         t = time.perf_counter()

@@ -10,6 +10,9 @@ It needs torch and transformers (the ``bench`` extra), which the serving install
 inside the functions only, so importing this module has no such dependency and no side effects.
 
     hybridrag models export --out models/minilm-fp32 [--source DIR]
+
+``hybridrag models quantize --model DIR --out DIR`` writes the reverse: a dynamic int8 copy of any ONNX model folder
+(the cross-encoder's serving lever on CPUs with VNNI or AMX; docs/results/interactive-cascade.md).
 """
 
 from __future__ import annotations
@@ -214,9 +217,49 @@ def cmd_models_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cpu_int8_dot() -> str:
+    """The CPU's int8 dot-product extension ("avx512_vnni", "avx_vnni", "amx_int8"), or "" when it has none
+    (Linux /proc/cpuinfo; "" elsewhere). int8 ONNX models pay only where one is present."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        return ""
+    return next((f for f in ("amx_int8", "avx512_vnni", "avx_vnni") if f in flags), "")
+
+
+def quantize_model(src: Path, out: Path, *, force: bool = False) -> dict[str, Any]:
+    """A dynamic int8 copy (s8 weights, u8 activations quantised per call) of ``src``'s model.onnx, with its
+    tokenizer and config, in ``out``. Refused on a CPU without an int8 dot-product extension unless ``force``:
+    there ONNX Runtime's int8 kernels are slower than fp32."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    if not (src / MODEL_FILE).is_file():
+        raise ModelError(f"{src}: no {MODEL_FILE} to quantise")
+    ext = cpu_int8_dot()
+    if not ext and not force:
+        raise ModelError("this CPU has no int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX): an int8 "
+                         "model would be slower than fp32 here; pass --force to write one anyway")
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name != MODEL_FILE and f.suffix in (".json", ".txt", ".model"):
+            shutil.copy(f, out / f.name)
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(str(src / MODEL_FILE), str(out / MODEL_FILE), weight_type=QuantType.QInt8)
+    return {"source": str(src), "out": str(out), "cpu_int8": ext or "none", "seconds": round(time.perf_counter() - t, 1),
+            "mib": round((out / MODEL_FILE).stat().st_size / 2**20, 1)}
+
+
+def cmd_models_quantize(args: argparse.Namespace) -> int:
+    print(json.dumps(quantize_model(Path(args.model), Path(args.out), force=args.force), indent=1))
+    return 0
+
+
 def add_parser(sub: Any) -> None:
-    """Add ``models export`` to an argparse subparsers object (``hybridrag models export --out DIR``)."""
-    models = sub.add_parser("models", help="model tools: export the bundled model as fp32 ONNX")
+    """Add ``models export`` and ``models quantize`` to an argparse subparsers object."""
+    models = sub.add_parser("models", help="model tools: export the bundled model as fp32 ONNX, quantise a model")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     p = models_sub.add_parser(
         "export",
@@ -231,3 +274,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_models_export)
+    p = models_sub.add_parser(
+        "quantize", help="write a dynamic int8 copy of an ONNX model folder (cross-encoder, embedder)",
+        description="DIR/model.onnx quantised dynamically to int8 (onnxruntime), with its tokenizer and config. "
+                    "Refused on CPUs without VNNI/AMX (slower than fp32 there) unless --force.")
+    p.add_argument("--model", required=True, metavar="DIR", help="the fp32 model folder")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    p.add_argument("--force", action="store_true", help="write it even on a CPU without int8 dot products")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(func=cmd_models_quantize)

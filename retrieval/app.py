@@ -26,6 +26,7 @@ from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache
 from retrieval.serving.grpc_service import create_server
+from retrieval.serving.priority import lower_priority, thread_ids
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,14 @@ async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping
     pipeline = None
     live = None
     try:
+        before = thread_ids()  # the loop's and gRPC's own threads: they keep their priority
         pipeline = await loop.run_in_executor(None, open_pipeline, index_dir, app_config, tracing.tracer)
+        if config.compute_nice:
+            await loop.run_in_executor(None, pipeline.start_threads)
+            n = lower_priority(thread_ids() - before, config.compute_nice)
+            log.info("compute threads: %d at nice %d (the event loop first)", n, config.compute_nice)
+        if config.pipeline_on_server_loop:
+            pipeline.bind_loop()  # one loop for the doors and the pipeline: no hand-off between them
         live = await loop.run_in_executor(None, open_writes, pipeline, app_config, store_path)
         try:
             setup = await loop.run_in_executor(None, open_generator, pipeline, app_config.generation, pipeline.cache)
@@ -141,5 +149,5 @@ async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping
         if live is not None:
             live.close()
         if pipeline is not None:
-            pipeline.close()
+            await pipeline.aclose()
         tracing.shutdown()  # flushes the spans still batched for the exporter

@@ -317,6 +317,7 @@ class Pipeline:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._bound = False  # bind_loop: the loop belongs to the caller
 
     def publish(self, view: IndexView) -> None:
         """Serve ``view`` from the next request on (an atomic reference swap; requests in flight keep theirs).
@@ -350,13 +351,56 @@ class Pipeline:
                 self._loop = loop
             return self._loop
 
+    def bind_loop(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Run the pipeline's coroutines (its stages and batchers) on ``loop`` (default: the running one) instead
+        of on a thread of its own. A server whose door runs on that loop then awaits each request directly: no
+        cross-thread hand-off into the pipeline and back (two loop wake-ups through ``call_soon_threadsafe``, each
+        waiting for the GIL). Blocking :meth:`search` still works from other threads. Close with :meth:`aclose`
+        from the loop."""
+        with self._lock:
+            if self._loop is not None:
+                raise RuntimeError("the pipeline already runs on an event loop")
+            self._loop = loop or asyncio.get_running_loop()
+            self._thread = threading.current_thread() if loop is None else None
+            self._bound = True
+
+    async def aclose(self) -> None:
+        """:meth:`close` for a pipeline bound to the running loop (:meth:`bind_loop`)."""
+        if not self._bound or asyncio.get_running_loop() is not self._loop:
+            await asyncio.get_running_loop().run_in_executor(None, self.close)
+            return
+        with self._lock:
+            self._loop, self._thread = None, None
+        await self.models.aclose()
+        await asyncio.get_running_loop().run_in_executor(None, self._shutdown_pools)
+
+    def _shutdown_pools(self) -> None:
+        self.models.shutdown()
+        if self._own_executor:
+            self.executor.shutdown(wait=True)
+
+    def start_threads(self, timeout_s: float = 30.0) -> None:
+        """Start every worker thread of the pipeline's pools now rather than at first use (so that a server can
+        set their priority once, and the first requests do not pay for thread creation)."""
+        pools: list[tuple[Executor, int]] = [(self.models.executor, self.config.batching.model_workers)]
+        if self._own_executor:
+            pools.append((self.executor, self.config.first_stage.workers))
+        for pool, n in pools:
+            barrier = threading.Barrier(n)
+            for f in [pool.submit(barrier.wait, timeout_s) for _ in range(n)]:
+                f.result()
+
     def _submit(self, coro: Coroutine[Any, Any, T]):
         return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
 
     def close(self) -> None:
         with self._lock:
+            if self._bound and self._loop is not None and self._thread is threading.current_thread():
+                raise RuntimeError("a pipeline bound to this thread's loop closes with 'await aclose()'")
             loop, thread, self._loop = self._loop, self._thread, None
-        if loop is not None and thread is not None:
+        if loop is not None and self._bound:  # not our loop: stop nothing, just the batchers on it
+            asyncio.run_coroutine_threadsafe(self.models.aclose(), loop).result()
+        elif loop is not None and thread is not None:
             asyncio.run_coroutine_threadsafe(self.models.aclose(), loop).result()
             loop.call_soon_threadsafe(loop.stop)
             thread.join()

@@ -69,11 +69,20 @@ class ServerConfig:
     # its callbacks can wait 5 ms per busy thread, so past saturation calls queue before admission control sees
     # them. 0.5 ms kept refusals fast and admitted latency bounded (bench.load open loop, README: Results).
     switch_interval_ms: float = 0.5
+    # The pipeline's stages and batchers run on the server's own event loop (Pipeline.bind_loop): a request goes
+    # from the door to the pipeline without a cross-thread hand-off. false: on a loop thread of their own (the
+    # layout before issue #26; bench.load compares the two).
+    pipeline_on_server_loop: bool = True
+    # The nice value of the compute threads (models, BM25/faiss pools; retrieval/serving/priority.py): past
+    # saturation the event loop, which admits and refuses calls, gets the cores first. 0 = off.
+    compute_nice: int = 10
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535 or self.max_in_flight < 1 or self.max_writes_in_flight < 1 or self.grace_s < 0:
             raise ValueError("server needs 0 <= port <= 65535, max_in_flight >= 1, max_writes_in_flight >= 1 and "
                              "grace_s >= 0")
+        if not 0 <= self.compute_nice <= 19:
+            raise ValueError(f"server.compute_nice must be in [0, 19] (0 = off), got {self.compute_nice}")
         if not 0 <= self.switch_interval_ms <= 100:
             raise ValueError(f"server.switch_interval_ms must be in [0, 100], got {self.switch_interval_ms}")
         if bool(self.tls_cert) != bool(self.tls_key):

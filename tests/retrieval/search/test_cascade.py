@@ -177,3 +177,45 @@ def test_pair_cache_scores_only_unseen_pairs_and_answers_the_same(sample_index, 
         assert p.batcher_stats()["cross_encoder_pairs"]["entries"] == 8  # bounded: the oldest were evicted
     finally:
         p.close()
+
+
+def test_a_pipeline_bound_to_the_callers_loop_answers_there_and_from_other_threads(sample_index, embedder, config):
+    """``bind_loop``: the stages and batchers run on the caller's event loop (no hand-off to a pipeline thread);
+    the answers equal a pipeline on its own thread's, blocking callers on other threads still work, and the
+    pipeline closes from the loop with ``aclose``."""
+    import asyncio
+    import threading
+
+    reference = Pipeline(sample_index, embedder, config)
+    try:
+        expected = reference.search(QUERY, k=10, stages=STAGES)
+    finally:
+        reference.close()
+
+    async def main() -> None:
+        p = Pipeline(sample_index, embedder, config)
+        p.bind_loop()
+        with pytest.raises(RuntimeError, match="already runs on an event loop"):
+            p.bind_loop()
+        threads: set[str] = set()
+        original = p._search
+
+        async def spy(request):
+            threads.add(threading.current_thread().name)
+            return await original(request)
+
+        p._search = spy  # which thread runs the stages' coroutine
+        got = await p.search_async(QUERY, k=10, stages=STAGES)
+        assert threads == {threading.current_thread().name}
+        assert got.hits.doc.tolist() == expected.hits.doc.tolist()
+        np.testing.assert_allclose(got.hits.scores, expected.hits.scores, rtol=1e-4, atol=1e-5)
+        # a blocking caller on another thread: scheduled onto this loop, which keeps running meanwhile
+        other = await asyncio.get_running_loop().run_in_executor(None, lambda: p.search(QUERY, k=10, stages=STAGES))
+        assert other.hits.doc.tolist() == expected.hits.doc.tolist()
+        with pytest.raises(RuntimeError, match="blocks"):
+            p.search(QUERY, k=10)
+        with pytest.raises(RuntimeError, match="closes with 'await aclose"):
+            p.close()
+        await p.aclose()
+
+    asyncio.run(main())
