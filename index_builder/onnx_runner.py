@@ -42,6 +42,10 @@ class RuntimeConfig:
     # ONNX Runtime's CPU arena keeps the largest batch's activations allocated for the session's lifetime (hundreds
     # of MB for 32 passages of 256 tokens); off for sessions that run rarely (the live index's rebuild encoder).
     cpu_mem_arena: bool = True
+    # ONNX Runtime's intra-op threads spin for a while after each run, waiting for the next one: lower latency for
+    # a model run back to back, but the spinning takes the cores from every other model in the process. Off for a
+    # model that runs between others (the cross-encoder: docs/results/interactive-cascade.md).
+    allow_spinning: bool = True
 
     def __post_init__(self) -> None:
         if self.graph_optimization not in _OPT_LEVELS:
@@ -122,6 +126,7 @@ class OnnxModel:
         opts.inter_op_num_threads = runtime.inter_op_threads
         opts.graph_optimization_level = _OPT_LEVELS[runtime.graph_optimization]
         opts.enable_cpu_mem_arena = runtime.cpu_mem_arena
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if runtime.allow_spinning else "0")
         providers = choose_providers(runtime.providers, ort.get_available_providers())
         provider_args: list[str | tuple[str, dict[str, object]]] = []
         for p in providers:

@@ -26,7 +26,7 @@ from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache
 from retrieval.serving.grpc_service import create_server
-from retrieval.serving.priority import lower_priority, thread_ids
+from retrieval.serving.priority import compute_threads, lower_priority, thread_ids
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping
         pipeline = await loop.run_in_executor(None, open_pipeline, index_dir, app_config, tracing.tracer)
         if config.compute_nice:
             await loop.run_in_executor(None, pipeline.start_threads)
-            n = lower_priority(thread_ids() - before, config.compute_nice)
+            n = lower_priority(compute_threads(thread_ids() - before), config.compute_nice)
             log.info("compute threads: %d at nice %d (the event loop first)", n, config.compute_nice)
         if config.pipeline_on_server_loop:
             pipeline.bind_loop()  # one loop for the doors and the pipeline: no hand-off between them

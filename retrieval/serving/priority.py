@@ -26,6 +26,24 @@ def thread_ids() -> set[int]:
         return set()
 
 
+def compute_threads(tids: set[int]) -> set[int]:
+    """Those of ``tids`` that run our code or a model's: named like the main thread (Python's threads, and ONNX
+    Runtime's and OpenMP's, which do not rename themselves). gRPC's C-core names its own threads
+    (``event_engine``, ``grpc_global_tim``, ...): they poll the sockets and keep their priority."""
+    try:
+        main = (TASKS / str(os.getpid()) / "comm").read_text()
+    except OSError:
+        return set()
+    out = set()
+    for tid in tids:
+        try:
+            if (TASKS / str(tid) / "comm").read_text() == main:
+                out.add(tid)
+        except OSError:
+            continue
+    return out
+
+
 def nice_of(tid: int) -> int:
     return os.getpriority(os.PRIO_PROCESS, tid)
 
