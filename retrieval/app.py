@@ -26,7 +26,7 @@ from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache
 from retrieval.serving.grpc_service import create_server
-from retrieval.serving.priority import compute_threads, lower_priority, thread_ids
+from retrieval.serving.priority import nice_self, run_niced
 
 log = logging.getLogger(__name__)
 
@@ -118,12 +118,14 @@ async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping
     pipeline = None
     live = None
     try:
-        before = thread_ids()  # the loop's and gRPC's own threads: they keep their priority
-        pipeline = await loop.run_in_executor(None, open_pipeline, index_dir, app_config, tracing.tracer)
-        if config.compute_nice:
-            await loop.run_in_executor(None, pipeline.start_threads)
-            n = lower_priority(compute_threads(thread_ids() - before), config.compute_nice)
-            log.info("compute threads: %d at nice %d (the event loop first)", n, config.compute_nice)
+        # The models load on a thread at compute_nice, so the threads their runtimes create inherit it; the pools'
+        # workers then lower their own priority. The loop and gRPC's threads keep theirs (retrieval/serving/priority.py).
+        nice = config.compute_nice
+        pipeline = await loop.run_in_executor(None, run_niced, nice, open_pipeline, index_dir, app_config,
+                                              tracing.tracer)
+        if nice:
+            await loop.run_in_executor(None, pipeline.start_threads, 30.0, lambda: nice_self(nice))
+            log.info("compute threads at nice %d (the event loop first)", nice)
         if config.pipeline_on_server_loop:
             pipeline.bind_loop()  # one loop for the doors and the pipeline: no hand-off between them
         live = await loop.run_in_executor(None, open_writes, pipeline, app_config, store_path)

@@ -176,6 +176,8 @@ class LiveView:
     Making one is O(1) in the buffer's and the snapshot's size; the arrays that combine both are computed when
     a query first reads them (pure, so two threads racing on one compute the same value)."""
 
+    in_process = True  # in-memory searches (see SearchIndex.in_process)
+
     def __init__(self, base: SearchIndex, state: BufferState, storage: str | None = None) -> None:
         self.base = base
         self.state = state

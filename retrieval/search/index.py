@@ -44,6 +44,8 @@ class IndexSettings(Protocol):
 
 
 class SearchIndex:
+    in_process = True  # its searches are in-memory compute (the pipeline may run short ones on its loop)
+
     def __init__(self, snapshot: LoadedSnapshot, config: IndexSettings) -> None:
         self.snapshot = snapshot
         self.documents = snapshot.documents

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,8 +84,15 @@ class FirstStageConfig:
     # and OpenBLAS's idle threads spin and steal the encoder's cores (pipeline p50 on SciFact: 48 ms with the
     # default threads, 24 ms with 1). 0 leaves the process setting alone.
     blas_threads: int = 1
+    # > 0: the dense search and late interaction (about 1 and 3 ms) run on the event loop itself, not in the
+    # worker pool, while at most this many searches are in flight (two hand-offs fewer for a lone request). Measured
+    # on SciFact, no gain at one caller (19.8 against 19.1 ms p50 in the pool, within noise), so 0: always in the
+    # pool (docs/results/interactive-cascade.md).
+    inline_max_active: int = 0
 
     def __post_init__(self) -> None:
+        if self.inline_max_active < 0:
+            raise ValueError(f"inline_max_active must be >= 0 (0 = always in the pool), got {self.inline_max_active}")
         if not 1 <= self.candidates <= self.max_candidates:
             raise ValueError(f"candidates must be in [1, {self.max_candidates}], got {self.candidates}")
 
@@ -318,6 +325,8 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._bound = False  # bind_loop: the loop belongs to the caller
+        self._active = 0  # searches in flight (on the loop: no lock)
+        self.inlined = 0  # stage calls run on the loop rather than in the pool (inline_max_active)
 
     def publish(self, view: IndexView) -> None:
         """Serve ``view`` from the next request on (an atomic reference swap; requests in flight keep theirs).
@@ -379,15 +388,21 @@ class Pipeline:
         if self._own_executor:
             self.executor.shutdown(wait=True)
 
-    def start_threads(self, timeout_s: float = 30.0) -> None:
-        """Start every worker thread of the pipeline's pools now rather than at first use (so that a server can
-        set their priority once, and the first requests do not pay for thread creation)."""
+    def start_threads(self, timeout_s: float = 30.0, on_each: Callable[[], None] | None = None) -> None:
+        """Start every worker thread of the pipeline's pools now rather than at first use, running ``on_each`` on
+        each of them (a server sets their priority so), and the first requests do not pay for thread creation."""
         pools: list[tuple[Executor, int]] = [(self.models.executor, self.config.batching.model_workers)]
         if self._own_executor:
             pools.append((self.executor, self.config.first_stage.workers))
         for pool, n in pools:
             barrier = threading.Barrier(n)
-            for f in [pool.submit(barrier.wait, timeout_s) for _ in range(n)]:
+
+            def work(b: threading.Barrier = barrier) -> None:
+                if on_each is not None:
+                    on_each()
+                b.wait(timeout_s)  # every worker holds one task at once: n distinct threads
+
+            for f in [pool.submit(work) for _ in range(n)]:
                 f.result()
 
     def _submit(self, coro: Coroutine[Any, Any, T]):
@@ -511,11 +526,23 @@ class Pipeline:
     async def _in_pool(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
+    async def _inline_or_pool(self, index: IndexView, fn, *args):
+        """``fn`` on the loop while few searches run (``first_stage.inline_max_active``), else in the pool. Only
+        for an index whose searches are in-process compute (``in_process``): an engine's are network calls."""
+        if getattr(index, "in_process", False) and self._active <= self.config.first_stage.inline_max_active:
+            self.inlined += 1
+            return fn(*args)
+        return await self._in_pool(fn, *args)
+
     async def _search(self, request: SearchRequest) -> SearchResult:
         """Run the stages of a resolved request; returns the top ``k`` documents (fused unless one first stage is
         asked)."""
         with self.tracer.start_as_current_span("hybridrag.search", attributes={"top_k": request.k}) as span:
-            result = await self._run_stages(request, otel_context.get_current())
+            self._active += 1
+            try:
+                result = await self._run_stages(request, otel_context.get_current())
+            finally:
+                self._active -= 1
             if span.is_recording():
                 span.set_attributes({"index.generation": result.generation, "cache_hit": result.cache_hit,
                                      "degraded": result.degraded, "stages": list(result.stages),
@@ -622,8 +649,8 @@ class Pipeline:
                     result.query_vec = vec
                     with child_span(tracer, "hybridrag.dense", trace, {"candidates": candidates, "exact": exact_dense}):
                         t = time.perf_counter()
-                        result.stages["dense"] = await self._in_pool(
-                            lambda: index.dense.search(vec, candidates, doc_mask, chunk_mask, exact=exact_dense))
+                        result.stages["dense"] = await self._inline_or_pool(
+                            index, lambda: index.dense.search(vec, candidates, doc_mask, chunk_mask, exact=exact_dense))
                         result.timings_ms["dense"] = _ms(t)
                 except Exception as e:  # an embedder/faiss failure degrades to BM25 instead of failing the query
                     log.exception("dense search failed; BM25 serves alone")
@@ -668,7 +695,7 @@ class Pipeline:
                              and len(query_tokens) >= self.embedder.config.max_length - 2)
                 li_weight = rr.li_weight_for(len(query_tokens), truncated)
                 if li_weight > 0.0:
-                    current = reorder(current, await self._in_pool(index.late.rerank, query_tokens, current.chunk,
+                    current = reorder(current, await self._inline_or_pool(index, index.late.rerank, query_tokens, current.chunk,
                                                                      li_top_k, li_weight, rr.li_score))
             if li_weight > 0.0:
                 result.stages["late_interaction"] = current

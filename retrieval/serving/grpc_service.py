@@ -69,10 +69,10 @@ class ServerConfig:
     # its callbacks can wait 5 ms per busy thread, so past saturation calls queue before admission control sees
     # them. 0.5 ms kept refusals fast and admitted latency bounded (bench.load open loop, README: Results).
     switch_interval_ms: float = 0.5
-    # The pipeline's stages and batchers run on the server's own event loop (Pipeline.bind_loop): a request goes
-    # from the door to the pipeline without a cross-thread hand-off. false: on a loop thread of their own (the
-    # layout before issue #26; bench.load compares the two).
-    pipeline_on_server_loop: bool = True
+    # true: the pipeline's stages and batchers run on the server's own event loop (Pipeline.bind_loop), with no
+    # cross-thread hand-off from the door. Measured, it did not pay: equal at one caller, -10% QPS at 16 callers
+    # in two SciFact runs (a second loop thread lets the pipeline's Python overlap the door's), so it is off.
+    pipeline_on_server_loop: bool = False
     # The nice value of the compute threads (models, BM25/faiss pools; retrieval/serving/priority.py): past
     # saturation the event loop, which admits and refuses calls, gets the cores first. 0 = off.
     compute_nice: int = 10

@@ -11,51 +11,46 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
-TASKS = Path("/proc/self/task")
-
-
-def thread_ids() -> set[int]:
-    """The native ids of this process's threads (empty where /proc is absent: then nothing is reniced)."""
-    try:
-        return {int(t) for t in os.listdir(TASKS)}
-    except OSError:
-        return set()
-
-
-def compute_threads(tids: set[int]) -> set[int]:
-    """Those of ``tids`` that run our code or a model's: named like the main thread (Python's threads, and ONNX
-    Runtime's and OpenMP's, which do not rename themselves). gRPC's C-core names its own threads
-    (``event_engine``, ``grpc_global_tim``, ...): they poll the sockets and keep their priority."""
-    try:
-        main = (TASKS / str(os.getpid()) / "comm").read_text()
-    except OSError:
-        return set()
-    out = set()
-    for tid in tids:
-        try:
-            if (TASKS / str(tid) / "comm").read_text() == main:
-                out.add(tid)
-        except OSError:
-            continue
-    return out
+T = TypeVar("T")
 
 
 def nice_of(tid: int) -> int:
     return os.getpriority(os.PRIO_PROCESS, tid)
 
 
-def lower_priority(tids: set[int], nice: int) -> int:
-    """Set each thread's nice value to ``nice`` (never lower than it is); returns how many were changed."""
-    changed = 0
-    for tid in tids:
+def nice_self(nice: int) -> None:
+    """Raise the calling thread's nice value to ``nice`` (Linux: per thread; the threads it creates inherit it)."""
+    tid = threading.get_native_id()
+    try:
+        if nice_of(tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except (ProcessLookupError, PermissionError, OSError) as e:
+        log.debug("could not renice thread %d: %s", tid, e)
+
+
+def run_niced(nice: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a fresh thread at ``nice`` (blocking until it returns). Whatever threads ``fn`` creates
+    (ONNX Runtime's and OpenMP's pools, made when the models load) inherit that priority; nothing else in the
+    process is touched, gRPC's own threads included."""
+    out: list[Any] = []
+
+    def body() -> None:
+        nice_self(nice)
         try:
-            if nice_of(tid) < nice:
-                os.setpriority(os.PRIO_PROCESS, tid, nice)
-                changed += 1
-        except (ProcessLookupError, PermissionError) as e:  # the thread ended, or a platform says no
-            log.debug("could not renice thread %d: %s", tid, e)
-    return changed
+            out.append((True, fn(*args)))
+        except BaseException as e:  # re-raised on the caller's thread
+            out.append((False, e))
+
+    t = threading.Thread(target=body, name="hybridrag-load")
+    t.start()
+    t.join()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value

@@ -219,3 +219,27 @@ def test_a_pipeline_bound_to_the_callers_loop_answers_there_and_from_other_threa
         await p.aclose()
 
     asyncio.run(main())
+
+
+def test_short_stages_run_on_the_loop_only_while_few_searches_are_in_flight(sample_index, embedder, config,
+                                                                            sample_queries):
+    queries = list(sample_queries.values())[:12]
+    pooled = Pipeline(sample_index, embedder, config)  # the default: always in the pool
+    inline_cfg = dataclasses.replace(config, first_stage=dataclasses.replace(config.first_stage, inline_max_active=1))
+    inline = Pipeline(sample_index, embedder, inline_cfg)  # on the loop while one search runs
+    try:
+        expected = [pooled.search(q, k=10, stages=STAGES) for q in queries]
+        assert pooled.inlined == 0
+        alone = [inline.search(q, k=10, stages=STAGES) for q in queries]
+        assert inline.inlined == 2 * len(queries)  # the dense search and late interaction of each, on the loop
+        with ThreadPoolExecutor(len(queries)) as pool:
+            together = list(pool.map(lambda q: inline.search(q, k=10, stages=STAGES), queries))
+        assert inline.inlined < 4 * len(queries)  # concurrent searches went to the pool
+        for e, a, t in zip(expected, alone, together, strict=True):
+            assert a.hits.doc.tolist() == e.hits.doc.tolist() == t.hits.doc.tolist()
+            np.testing.assert_allclose(a.hits.scores, e.hits.scores, rtol=1e-5, atol=1e-6)
+    finally:
+        pooled.close()
+        inline.close()
+    with pytest.raises(ValueError, match="inline_max_active must be >= 0"):
+        dataclasses.replace(config.first_stage, inline_max_active=-1)
