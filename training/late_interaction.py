@@ -50,6 +50,7 @@ PROJECTION_FILE = "projection.pt"
 class LateInteractionTrainConfig:
     dim: int = 128
     projection_init: str = "pca"  # "pca" (the encoder's own token space) or "random"
+    pca_sample: int = 256  # passages (fixed-seed sample) whose token states give the PCA projection
     query_maxlen: int = 32
     doc_maxlen: int = 180  # training and dev evaluation
     serve_doc_maxlen: int = 256  # written to colbert_config.json (passages are cut there when served)
@@ -77,6 +78,8 @@ class LateInteractionTrainConfig:
             raise ValueError(f"projection_init must be 'pca' or 'random', got {self.projection_init!r}")
         if self.query_maxlen < 4 or self.doc_maxlen < 4 or self.dim < 1:
             raise ValueError("query_maxlen and doc_maxlen must be >= 4, dim >= 1")
+        if self.pca_sample < 1:
+            raise ValueError(f"pca_sample must be >= 1, got {self.pca_sample}")
 
 
 def conventions_for(tokenizer, cfg: LateInteractionTrainConfig) -> ColbertConventions:
@@ -266,7 +269,7 @@ def initial_model(torch, transformers, init: Path, cfg: LateInteractionTrainConf
     conv = conventions_for(tokenizer, cfg)
     enc = Encoder(torch, model, tokenizer, conv, cfg, runtime)
     if cfg.projection_init == "pca":
-        sample = random.Random(cfg.seed).sample(sorted(data.passages), min(256, len(data.passages)))
+        sample = random.Random(cfg.seed).sample(sorted(data.passages), min(cfg.pca_sample, len(data.passages)))
         with torch.no_grad():
             model.linear.weight.copy_(pca_projection(torch, model, enc, [data.passages[d] for d in sample], cfg.dim))
     return model, tokenizer, conv, enc

@@ -114,9 +114,10 @@ def test_restart_replays_the_store_and_matches_a_rebuild(live, config, embedder)
 
 @pytest.mark.slow
 def test_writers_and_readers_across_swaps(live, config, embedder):
-    """8 writers and 16 readers for a bounded time while the index is rebuilt and swapped twice: no errors, no
-    deleted document served after its delete was acknowledged, every acknowledged upsert found by a query that
-    started after the ack; afterwards the served results equal a fresh build's."""
+    """8 writers (40 documents each at most, so that a rebuild's cost stays bounded) and 16 readers for a bounded
+    time while the index is rebuilt and swapped twice: no errors, no deleted document served after its delete was
+    acknowledged, every acknowledged upsert found by a query that started after the ack; afterwards the served
+    results equal a fresh build's."""
     import dataclasses
     import random
     import threading
@@ -138,7 +139,7 @@ def test_writers_and_readers_across_swaps(live, config, embedder):
         rng = random.Random(w)
         i = 0
         try:
-            while not stop.is_set():
+            while not stop.is_set() and i < 40:
                 doc_id = f"w{w}-{i}"
                 li.upsert([Document(id=doc_id, tenant="acme", title=f"note {w} {i}",
                                     text=f"marker zq{w}q{i} written by writer {w} as note number {i}")])
