@@ -179,14 +179,33 @@ def server_status(target: str, api_key: str) -> dict[str, Any]:
 
 
 def proc_cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of a process (Linux /proc), None when unknown."""
+    """User + system CPU seconds of a process and its descendants (Linux /proc: a server with several processes
+    counts them all), None when unknown."""
     if pid is None:
         return None
+
+    def own(p: int) -> tuple[int, float]:  # (parent pid, CPU seconds)
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        _, total = own(pid)
     except (OSError, IndexError, ValueError):
         return None
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)], cpu[int(entry.name)] = own(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile
+    frontier = [pid]
+    while frontier:
+        children = [c for c, parent in parents.items() if parent in frontier]
+        total += sum(cpu[c] for c in children)
+        frontier = children
+    return total
 
 
 def _metadata(api_key: str) -> tuple[tuple[str, str], ...]:

@@ -244,7 +244,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from retrieval.app import serve
+    from retrieval.app import serve, serve_processes
     from retrieval.serving.grpc_service import load_api_keys
 
     overrides = _thread_overrides(args)
@@ -252,6 +252,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["server"] = {"port": args.port}
     if args.host:
         overrides.setdefault("server", {})["host"] = args.host
+    if args.processes is not None:
+        overrides.setdefault("server", {})["processes"] = args.processes
     if args.metrics_port is not None:
         overrides["metrics"] = {"port": args.metrics_port}
     if args.http_port is not None:
@@ -271,8 +273,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("hybridrag serve: give --index DIR (or configure an engine backend: [backend] kind = \"qdrant\")",
               file=sys.stderr)
         return 2
-    asyncio.run(serve(Path(args.index) if args.index else None, config, keys,
-                      Path(args.store) if args.store else None))
+    index, store = Path(args.index) if args.index else None, Path(args.store) if args.store else None
+    if config.server.processes > 1:  # a supervisor over N processes on one port (retrieval/app.py)
+        return serve_processes(index, config, keys, store, log_json=args.log_json)
+    asyncio.run(serve(index, config, keys, store))
     return 0
 
 
@@ -463,6 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "port, logged)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default: [metrics] port, 9464; "
                    "0 = any free port, -1 = off)")
+    p.add_argument("--processes", type=int, help="server processes on one port over the same memory-mapped snapshot "
+                   "(SO_REUSEPORT; default: [server] processes, 1); a read-only snapshot or an engine backend")
     p.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
     p.add_argument("--store", help="document store (SQLite) for Upsert/Delete; writes after the snapshot are replayed")
     _add_common(p)

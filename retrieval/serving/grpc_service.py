@@ -76,11 +76,19 @@ class ServerConfig:
     # The nice value of the compute threads (models, BM25/faiss pools; retrieval/serving/priority.py): past
     # saturation the event loop, which admits and refuses calls, gets the cores first. 0 = off.
     compute_nice: int = 10
+    # Server processes over one memory-mapped snapshot, all listening on the same port (SO_REUSEPORT: the kernel
+    # spreads connections over them). 1 = one process, as before. More serve a read-only snapshot or an engine
+    # backend; a document store (--store) has one writer, so it needs one process.
+    processes: int = 1
+    # Set by the supervisor in each of its processes: listen with SO_REUSEPORT beside the others on this port.
+    reuse_port: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535 or self.max_in_flight < 1 or self.max_writes_in_flight < 1 or self.grace_s < 0:
             raise ValueError("server needs 0 <= port <= 65535, max_in_flight >= 1, max_writes_in_flight >= 1 and "
                              "grace_s >= 0")
+        if not 1 <= self.processes <= 64:
+            raise ValueError(f"server.processes must be in [1, 64], got {self.processes}")
         if not 0 <= self.compute_nice <= 19:
             raise ValueError(f"server.compute_nice must be in [0, 19] (0 = off), got {self.compute_nice}")
         if not 0 <= self.switch_interval_ms <= 100:
@@ -288,7 +296,7 @@ async def create_server(config: ServerConfig, pipeline: Pipeline | None = None,
     limit = config.max_message_mb * 2**20
     server = grpc.aio.server(options=[("grpc.max_send_message_length", limit),
                                       ("grpc.max_receive_message_length", limit),
-                                      ("grpc.so_reuseport", 0)])
+                                      ("grpc.so_reuseport", 1 if config.reuse_port else 0)])
     state = ServiceState(pipeline=pipeline, api_keys=dict(api_keys or load_api_keys(config.api_keys_file)),
                          generation=generation, tracer=tracer)
     servicer = RetrieverService(state, config)
@@ -314,7 +322,7 @@ async def create_server(config: ServerConfig, pipeline: Pipeline | None = None,
     running = RunningServer(server, port, health_servicer, state)
     if http is not None and http.enabled:
         try:
-            running.http = await start_http(servicer.core, http)
+            running.http = await start_http(servicer.core, http, reuse_port=config.reuse_port)
         except BaseException:
             await server.stop(0)
             state.metrics.close()

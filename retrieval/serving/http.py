@@ -240,13 +240,16 @@ class RunningHttp:
             await self.task
 
 
-async def start_http(core: ServiceCore, config: HttpConfig) -> RunningHttp:
-    """Listen (port 0 = any free one) and serve the HTTP door on the running event loop; returns once it accepts."""
+async def start_http(core: ServiceCore, config: HttpConfig, *, reuse_port: bool = False) -> RunningHttp:
+    """Listen (port 0 = any free one) and serve the HTTP door on the running event loop; returns once it accepts.
+    ``reuse_port``: listen beside the other server processes on the same port (SO_REUSEPORT)."""
     # proto IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and with Nagle a
     # response written as headers + body waits for the client's delayed ACK (~40 ms a call, measured by bench.load)
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM,
                          socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted connections on Linux
     try:
         sock.bind((config.host, config.port))
