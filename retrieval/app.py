@@ -199,11 +199,24 @@ def worker_config(app_config: AppConfig, worker: int, grpc_port: int, http_port:
     http = dataclasses.replace(app_config.http, port=http_port)
     m = app_config.metrics
     metrics = dataclasses.replace(m, port=m.port + worker if m.port > 0 else m.port)
-    return dataclasses.replace(app_config, server=server, http=http, metrics=metrics)
+    models = {}
+    per = worker_threads(app_config.server.processes)
+    for name in ("embedder", "late_interaction", "cross_encoder"):  # 0 = "all cores" would oversubscribe them
+        section = getattr(app_config, name)
+        if section.runtime.intra_op_threads == 0:
+            models[name] = dataclasses.replace(section, runtime=dataclasses.replace(section.runtime,
+                                                                                    intra_op_threads=per))
+    return dataclasses.replace(app_config, server=server, http=http, metrics=metrics, **models)
 
 
-def _worker_main(worker: int, index_dir: Path | None, config: AppConfig, api_keys: Mapping[str, frozenset[str]],
-                 log_level: int, log_json: bool) -> None:
+def worker_threads(processes: int) -> int:
+    """Each worker's share of the cores: its models' runtimes and faiss's OpenMP threads where the configuration
+    leaves them at 0 (all cores), so that N processes do not run N times the cores' threads."""
+    return max(1, (os.cpu_count() or 1) // processes)
+
+
+def _worker_main(worker: int, workers: int, index_dir: Path | None, config: AppConfig,
+                 api_keys: Mapping[str, frozenset[str]], log_level: int, log_json: bool) -> None:
     root = logging.getLogger()
     root.setLevel(log_level)
     handler = logging.StreamHandler()
@@ -215,6 +228,9 @@ def _worker_main(worker: int, index_dir: Path | None, config: AppConfig, api_key
         handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s worker {worker} %(name)s: %(message)s"))
     root.handlers[:] = [handler]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor turns Ctrl-C into one SIGTERM each
+    import faiss
+
+    faiss.omp_set_num_threads(worker_threads(workers))
     asyncio.run(serve(index_dir, config, api_keys))
 
 
@@ -250,13 +266,15 @@ def serve_processes(index_dir: Path | None, app_config: AppConfig,
 
     def start(i: int) -> Any:
         p = ctx.Process(target=_worker_main, name=f"hybridrag-worker-{i}", daemon=False,
-                        args=(i, index_dir, worker_config(app_config, i, grpc_port, http_port), keys, level, log_json))
+                        args=(i, n, index_dir, worker_config(app_config, i, grpc_port, http_port), keys, level,
+                              log_json))
         p.start()
         return p
 
     workers = [start(i) for i in range(n)]
-    log.info("hybridrag supervising %d server processes on %s:%d%s (SO_REUSEPORT; pids %s)", n, s.host, grpc_port,
-             f", HTTP on {h.host}:{http_port}" if h.enabled else "", ", ".join(str(p.pid) for p in workers))
+    log.info("hybridrag supervising %d server processes on %s:%d%s (SO_REUSEPORT; %d threads each where the "
+             "configuration says 0; pids %s)", n, s.host, grpc_port, f", HTTP on {h.host}:{http_port}" if h.enabled
+             else "", worker_threads(n), ", ".join(str(p.pid) for p in workers))
     deaths: list[float] = []
     code = 0
     try:

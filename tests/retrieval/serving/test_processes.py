@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -15,7 +16,8 @@ import pytest
 from hybridrag.cli import main
 from retrieval.api import retriever_pb2 as pb
 from retrieval.api import retriever_pb2_grpc as pb_grpc
-from retrieval.config import ServerConfig
+from retrieval.app import worker_config, worker_threads
+from retrieval.config import AppConfig, ServerConfig
 from tests.helpers import ServeProcess
 
 NO_LLM = {"HYBRIDRAG_GENERATION__EMBEDDED__ENABLED": "false"}
@@ -93,3 +95,17 @@ def test_processes_refuse_a_document_store_and_bad_counts(sample_index_dir, tmp_
     for bad in (0, 65):
         with pytest.raises(ValueError, match="server.processes must be in"):
             ServerConfig(processes=bad)
+
+
+def test_each_worker_gets_its_share_of_the_cores_and_its_own_metrics_port():
+    """Runtimes left at 0 threads (all cores) get cores / processes each; a set value stays; metrics ports are
+    offset by the worker's number."""
+    base = AppConfig()
+    base = dataclasses.replace(base, server=ServerConfig(processes=2), cross_encoder=dataclasses.replace(
+        base.cross_encoder, runtime=dataclasses.replace(base.cross_encoder.runtime, intra_op_threads=3)))
+    w = worker_config(base, 1, 50999, -1)
+    assert w.server.port == 50999 and w.server.reuse_port and w.server.processes == 1
+    assert w.metrics.port == base.metrics.port + 1 and w.http.port == -1
+    assert w.embedder.runtime.intra_op_threads == w.late_interaction.runtime.intra_op_threads == worker_threads(2)
+    assert worker_threads(2) == max(1, (os.cpu_count() or 1) // 2)
+    assert w.cross_encoder.runtime.intra_op_threads == 3
