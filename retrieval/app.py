@@ -104,17 +104,24 @@ def open_writes(pipeline: Pipeline, config: AppConfig, store_path: Path | None):
 async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping[str, frozenset[str]] | None = None,
                 store_path: Path | None = None) -> None:
     """Listen at once (health NOT_SERVING), load the index and models, turn SERVING, serve until SIGTERM/SIGINT,
-    then drain gracefully."""
+    then drain gracefully. A worker beside others on one port (``server.reuse_port``) listens only once loaded:
+    the kernel hands connections to every listening process, so a loading one would refuse its share."""
     config = app_config.server
     if config.switch_interval_ms > 0:  # process-wide, so set here at the edge (see ServerConfig)
         sys.setswitchinterval(config.switch_interval_ms / 1000.0)
     tracing: Tracing = make_tracing(app_config.tracing)
-    running = await create_server(config, api_keys=api_keys, metrics=app_config.metrics, tracer=tracing.tracer,
-                                  http=app_config.http)
-    log.info("hybridrag listening on %s:%d (loading the index); metrics on %s", config.host, running.port,
-             f"{app_config.metrics.host}:{running.metrics_port}/metrics" if running.metrics_port else "no HTTP port")
-    if running.http is not None:
-        log.info("hybridrag HTTP on %s (REST, SSE, OpenAI-compatible; playground at /playground)", running.http.url)
+
+    async def listen():
+        running = await create_server(config, api_keys=api_keys, metrics=app_config.metrics, tracer=tracing.tracer,
+                                      http=app_config.http)
+        log.info("hybridrag listening on %s:%d%s; metrics on %s", config.host, running.port,
+                 "" if config.reuse_port else " (loading the index)",
+                 f"{app_config.metrics.host}:{running.metrics_port}/metrics" if running.metrics_port else "no HTTP port")
+        if running.http is not None:
+            log.info("hybridrag HTTP on %s (REST, SSE, OpenAI-compatible; playground at /playground)", running.http.url)
+        return running
+
+    running = None if config.reuse_port else await listen()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -133,6 +140,8 @@ async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping
         if config.pipeline_on_server_loop:
             pipeline.bind_loop()  # one loop for the doors and the pipeline: no hand-off between them
         live = await loop.run_in_executor(None, open_writes, pipeline, app_config, store_path)
+        if running is None:
+            running = await listen()
         try:
             setup = await loop.run_in_executor(None, open_generator, pipeline, app_config.generation, pipeline.cache)
             running.state.generation = setup
@@ -149,9 +158,10 @@ async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping
         await stop.wait()
     finally:
         log.info("hybridrag stopping: draining in-flight calls (grace %.1f s)", config.grace_s)
-        await running.stop(config.grace_s)
-        if running.state.generation is not None:
-            await running.state.generation.aclose()
+        if running is not None:
+            await running.stop(config.grace_s)
+            if running.state.generation is not None:
+                await running.state.generation.aclose()
         if live is not None:
             live.close()
         if pipeline is not None:

@@ -52,8 +52,8 @@ def _served(url: str) -> float:
 
 def test_processes_share_one_port_spread_connections_and_a_dead_one_is_restarted(sample_index_dir, pipeline):
     """Two processes on one port: connections land on both (each process's own /metrics counts its calls), every
-    answer is the library's; a worker killed with SIGKILL is restarted while the other keeps serving; SIGTERM
-    to the supervisor drains both and exits 0."""
+    answer is the library's; a worker killed with SIGKILL is restarted while the other keeps serving (the new one
+    listens only once loaded); SIGTERM to the supervisor drains both and exits 0."""
     sp = ServeProcess(["--index", str(sample_index_dir), "--processes", "2"], env=NO_LLM)
     try:
         _wait_for(sp, r"worker \d .*serving .* on port", 2)
@@ -70,6 +70,8 @@ def test_processes_share_one_port_spread_connections_and_a_dead_one_is_restarted
         time.sleep(0.5)
         assert _retrieve_on_new_connections(sp.target, 4) == [expected] * 4  # the survivor serves meanwhile
         _wait_for(sp, r"worker 0 \(pid \d+\) exited with code -9: restarting it", 1)
+        # while the new worker loads (seconds) it does not listen yet, so no connection lands on it and fails
+        assert _retrieve_on_new_connections(sp.target, 8) == [expected] * 8
         _wait_for(sp, r"worker \d .*serving .* on port", 3)
         assert _retrieve_on_new_connections(sp.target, 4) == [expected] * 4
 
