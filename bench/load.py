@@ -1055,6 +1055,11 @@ def report(args: argparse.Namespace, queries: list[tuple[str, str]], qrels: dict
     dataset = Path(args.dataset).name
     plots_dir = Path(args.plots) if args.plots else (Path(args.json).parent if args.json else None)
     plots = []
+    try:
+        import matplotlib  # noqa: F401  (the bench extra; the figures below do not need it)
+    except ImportError:
+        print("plots: skipped (matplotlib is not installed: pip install -e '.[bench]')")
+        plots_dir = None
     if plots_dir is not None:
         plots_dir.mkdir(parents=True, exist_ok=True)
         title = (f"{dataset}: {status['documents']} documents, generation {status['generation']}, top {args.top_k}, "

@@ -1,0 +1,124 @@
+"""The GPU paths, checked and timed in process (issue #26, run by ``bench/gpu_run.sh`` on a lent GPU).
+
+1. Which execution providers this onnxruntime build has, and what a session asked for TensorRT then CUDA really
+   runs on (TensorRT's libraries are absent on most machines: the session must fall back with a log line, not fail).
+2. Each model role on each provider it can run on: the query encoder (one query, with its token vectors, as the
+   default path calls it) and the cross-encoder (the top 5 of a request, whole 128-piece pairs and 48-piece
+   windows), at batch 1 and at the batch sizes cross-request batching forms; median ms per call and per item. On a
+   GPU the per-item cost falls with the batch, which is why the batcher stays.
+
+Usage::
+
+    python -m bench.gpu_check --models models [--providers CUDAExecutionProvider] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.harness import write_result
+
+QUERIES = [
+    "0-dimensional biomaterials show inductive properties.",
+    "ALDH1 expression is associated with poorer prognosis for breast cancer primary tumors.",
+    "Vitamin D deficiency is unrelated to birth weight.",
+    "Cancer-associated fibroblasts produce a pro-tumorigenic microenvironment through secreted factors.",
+]
+PASSAGE = ("Alterations of the architecture of cerebral white matter in the developing human brain can affect "
+           "cortical development and result in functional disabilities. A line scan diffusion-weighted magnetic "
+           "resonance imaging sequence with diffusion tensor analysis was applied to measure the apparent diffusion "
+           "coefficient, to calculate relative anisotropy, and to delineate three-dimensional fiber architecture "
+           "in cerebral white matter in preterm infants and full-term infants. ") * 2
+
+
+def _median_ms(fn: Any, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t) * 1000.0)
+    return round(float(np.median(ts)), 3)
+
+
+def provider_fallback(model_dir: Path) -> dict[str, Any]:
+    """Ask for TensorRT then CUDA; report what the session runs on (never an exception)."""
+    from index_builder.models import Embedder, EmbedderConfig
+    from index_builder.onnx_runner import RuntimeConfig
+
+    asked = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+    try:
+        emb = Embedder(EmbedderConfig(model=str(model_dir), runtime=RuntimeConfig(providers=asked)))
+        v = emb.embed([QUERIES[0]])
+        return {"asked": list(asked), "runs_on": emb.model.providers, "ok": bool(np.isfinite(v).all())}
+    except Exception as e:  # the check reports it: a crash here is the finding
+        return {"asked": list(asked), "error": f"{type(e).__name__}: {e}"}
+
+
+def role_timings(models: Path, provider: str, repeats: int) -> dict[str, Any]:
+    from index_builder.models import CrossEncoder, CrossEncoderConfig, Embedder, EmbedderConfig
+    from index_builder.onnx_runner import RuntimeConfig
+
+    rt = RuntimeConfig(providers=(provider,))
+    out: dict[str, Any] = {"provider": provider}
+    emb = Embedder(EmbedderConfig(model=str(models / "minilm-fp16"), runtime=rt))
+    out["embedder_runs_on"] = emb.model.providers
+    q = QUERIES[0]
+    out["query_encoding_ms"] = _median_ms(lambda: emb.encode([q], with_tokens=True), repeats)
+    for n in (16, 64):
+        batch = (QUERIES * 16)[:n]
+        ms = _median_ms(lambda b=batch: emb.encode(b, with_tokens=True), max(5, repeats // 4))
+        out[f"query_encoding_batch{n}_ms"] = ms
+        out[f"query_encoding_batch{n}_per_item_ms"] = round(ms / n, 4)
+    ce_dir = models / "ce-minilm-l6-fp16"
+    if ce_dir.is_dir():
+        ce = CrossEncoder(CrossEncoderConfig(model=str(ce_dir), runtime=rt))
+        out["cross_encoder_runs_on"] = ce.model.providers
+        whole = [(q, PASSAGE)] * 5
+        window = [(q, " ".join(PASSAGE.split()[:40]))] * 5
+        out["ce_top5_whole_ms"] = _median_ms(lambda: ce.score(whole), repeats)
+        out["ce_top5_window48_ms"] = _median_ms(lambda: ce.score(window), repeats)
+        wide = whole * 13  # 65 pairs: what batching gathers from 13 requests
+        ms = _median_ms(lambda: ce.score(wide), max(5, repeats // 4))
+        out["ce_65pairs_ms"] = ms
+        out["ce_65pairs_per_pair_ms"] = round(ms / len(wide), 4)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="models", help="folder holding minilm-fp16/ and ce-minilm-l6-fp16/")
+    ap.add_argument("--providers", default="CUDAExecutionProvider",
+                    help="comma-separated; fp16 models on the CPU provider are slow (casts): not a CPU figure")
+    ap.add_argument("--repeats", type=int, default=100)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    import onnxruntime as ort
+
+    models = Path(args.models)
+    result: dict[str, Any] = {"onnxruntime": ort.__version__, "available": ort.get_available_providers(),
+                              "fallback": provider_fallback(models / "minilm-fp16"), "roles": []}
+    print("available providers:", result["available"])
+    print("TensorRT then CUDA asked ->", result["fallback"])
+    for p in args.providers.split(","):
+        if p not in result["available"]:
+            print(f"{p}: not in this build, skipped")
+            continue
+        r = role_timings(models, p, args.repeats if p != "CPUExecutionProvider" else max(10, args.repeats // 5))
+        result["roles"].append(r)
+        print(r)
+    if args.json:
+        write_result(args.json, "gpu_check", {"models": str(models), "providers": args.providers}, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
