@@ -10,6 +10,7 @@
 Usage::
 
     python -m bench.gpu_check --models models [--providers CUDAExecutionProvider] [--json F]
+    python -m bench.gpu_check --embedder "" --cross-encoder DIR --providers CPUExecutionProvider   # the CPU check
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ PASSAGE = ("Alterations of the architecture of cerebral white matter in the deve
 
 
 def _median_ms(fn: Any, repeats: int) -> float:
-    for _ in range(3):
+    for _ in range(min(3, repeats)):
         fn()
     ts = []
     for _ in range(repeats):
@@ -48,75 +49,86 @@ def _median_ms(fn: Any, repeats: int) -> float:
     return round(float(np.median(ts)), 3)
 
 
-def provider_fallback(model_dir: Path) -> dict[str, Any]:
+def provider_fallback(model_dir: str) -> dict[str, Any]:
     """Ask for TensorRT then CUDA; report what the session runs on (never an exception)."""
     from index_builder.models import Embedder, EmbedderConfig
     from index_builder.onnx_runner import RuntimeConfig
 
     asked = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
     try:
-        emb = Embedder(EmbedderConfig(model=str(model_dir), runtime=RuntimeConfig(providers=asked)))
+        emb = Embedder(EmbedderConfig(model=model_dir, runtime=RuntimeConfig(providers=asked)))
         v = emb.embed([QUERIES[0]])
         return {"asked": list(asked), "runs_on": emb.model.providers, "ok": bool(np.isfinite(v).all())}
     except Exception as e:  # the check reports it: a crash here is the finding
         return {"asked": list(asked), "error": f"{type(e).__name__}: {e}"}
 
 
-def role_timings(models: Path, provider: str, repeats: int) -> dict[str, Any]:
+def role_timings(embedder: str, cross_encoder: Path | None, provider: str, repeats: int,
+                 ce_requests: int = 13) -> dict[str, Any]:
+    """``embedder``: a model folder ("" = the bundled model); ``cross_encoder``: a model folder or None (skipped)."""
     from index_builder.models import CrossEncoder, CrossEncoderConfig, Embedder, EmbedderConfig
     from index_builder.onnx_runner import RuntimeConfig
 
     rt = RuntimeConfig(providers=(provider,))
     out: dict[str, Any] = {"provider": provider}
-    emb = Embedder(EmbedderConfig(model=str(models / "minilm-fp16"), runtime=rt))
+    emb = Embedder(EmbedderConfig(model=embedder, runtime=rt))
     out["embedder_runs_on"] = emb.model.providers
     q = QUERIES[0]
     out["query_encoding_ms"] = _median_ms(lambda: emb.encode([q], with_tokens=True), repeats)
     for n in (16, 64):
         batch = (QUERIES * 16)[:n]
-        ms = _median_ms(lambda b=batch: emb.encode(b, with_tokens=True), max(5, repeats // 4))
+        ms = _median_ms(lambda b=batch: emb.encode(b, with_tokens=True), max(2, repeats // 4))
         out[f"query_encoding_batch{n}_ms"] = ms
         out[f"query_encoding_batch{n}_per_item_ms"] = round(ms / n, 4)
-    ce_dir = models / "ce-minilm-l6-fp16"
-    if ce_dir.is_dir():
-        ce = CrossEncoder(CrossEncoderConfig(model=str(ce_dir), runtime=rt))
+    if cross_encoder is not None and cross_encoder.is_dir():
+        ce = CrossEncoder(CrossEncoderConfig(model=str(cross_encoder), runtime=rt))
         out["cross_encoder_runs_on"] = ce.model.providers
         whole = [(q, PASSAGE)] * 5
         window = [(q, " ".join(PASSAGE.split()[:40]))] * 5
         out["ce_top5_whole_ms"] = _median_ms(lambda: ce.score(whole), repeats)
         out["ce_top5_window48_ms"] = _median_ms(lambda: ce.score(window), repeats)
-        wide = whole * 13  # 65 pairs: what batching gathers from 13 requests
-        ms = _median_ms(lambda: ce.score(wide), max(5, repeats // 4))
-        out["ce_65pairs_ms"] = ms
-        out["ce_65pairs_per_pair_ms"] = round(ms / len(wide), 4)
+        wide = whole * ce_requests  # 65 pairs by default: what batching gathers from 13 requests
+        ms = _median_ms(lambda: ce.score(wide), max(2, repeats // 4))
+        out[f"ce_{len(wide)}pairs_ms"] = ms
+        out[f"ce_{len(wide)}pairs_per_pair_ms"] = round(ms / len(wide), 4)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="models", help="folder holding minilm-fp16/ and ce-minilm-l6-fp16/")
+    ap.add_argument("--models", default="models", help="folder holding minilm-fp16/ and ce-minilm-l6-fp16/ (the "
+                    "defaults of --embedder and --cross-encoder)")
+    ap.add_argument("--embedder", help="the query encoder's model folder (default MODELS/minilm-fp16; \"\" = the "
+                    "bundled int8 model)")
+    ap.add_argument("--cross-encoder", help="the cross-encoder's model folder (default MODELS/ce-minilm-l6-fp16; "
+                    "skipped when absent)")
     ap.add_argument("--providers", default="CUDAExecutionProvider",
                     help="comma-separated; fp16 models on the CPU provider are slow (casts): not a CPU figure")
     ap.add_argument("--repeats", type=int, default=100)
+    ap.add_argument("--ce-requests", type=int, default=13, help="requests' top 5 in the batched cross-encoder call")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import onnxruntime as ort
 
     models = Path(args.models)
+    embedder = str(models / "minilm-fp16") if args.embedder is None else args.embedder
+    cross_encoder = models / "ce-minilm-l6-fp16" if args.cross_encoder is None else Path(args.cross_encoder)
     result: dict[str, Any] = {"onnxruntime": ort.__version__, "available": ort.get_available_providers(),
-                              "fallback": provider_fallback(models / "minilm-fp16"), "roles": []}
+                              "fallback": provider_fallback(embedder), "roles": []}
     print("available providers:", result["available"])
     print("TensorRT then CUDA asked ->", result["fallback"])
     for p in args.providers.split(","):
         if p not in result["available"]:
             print(f"{p}: not in this build, skipped")
             continue
-        r = role_timings(models, p, args.repeats if p != "CPUExecutionProvider" else max(10, args.repeats // 5))
+        repeats = args.repeats if p != "CPUExecutionProvider" else max(2, args.repeats // 5)
+        r = role_timings(embedder, cross_encoder, p, repeats, args.ce_requests)
         result["roles"].append(r)
         print(r)
     if args.json:
-        write_result(args.json, "gpu_check", {"models": str(models), "providers": args.providers}, result)
+        write_result(args.json, "gpu_check", {"embedder": embedder, "cross_encoder": str(cross_encoder),
+                                              "providers": args.providers}, result)
     return 0
 
 

@@ -16,6 +16,9 @@ OUTD=${2:?OUT_DIR}
 QUICK=${3:-0}
 mkdir -p "$OUTD"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+# bm25s imports jax when it is installed (the device image has it); jax then grabs the GPU and fails in the
+# bench's subprocesses. The BM25 side is CPU code either way.
+export JAX_PLATFORMS=cpu
 PY=${PYTHON:-python3}
 DS=${DS:-$DATA/scifact}  # DS=data/sample for a quick plumbing check
 IDX=${IDX:-indexes/$(basename "$DS")-gpu}
