@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -87,7 +88,7 @@ class BatcherConfig:
 
 @dataclass
 class BatcherStats:
-    """Running statistics, updated on the event loop only (no locking needed).
+    """Running statistics, updated on the event loop, and by solo searches from their thread (one lock).
 
     ``batch_sizes`` and ``queue_wait_ms`` keep the most recent values only, so memory stays bounded on a
     long-running server; the counters cover the batcher's whole life.
@@ -97,31 +98,40 @@ class BatcherStats:
     items: int = 0  # items computed (dropped ones excluded)
     errors: int = 0  # batches whose function raised or returned the wrong number of results
     dropped: int = 0  # items cancelled before their batch started, never computed
+    direct: int = 0  # of ``batches``: calls a solo search made on its own thread, not through the queue
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=1024))
     queue_wait_ms: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
     # called after every batch with (size, queue waits in ms, failed): the Prometheus histograms
     observers: list[Callable[[int, Sequence[float], bool], None]] = field(default_factory=list)
 
-    def record(self, size: int, waits_ms: Sequence[float], failed: bool) -> None:
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, size: int, waits_ms: Sequence[float], failed: bool, direct: bool = False) -> None:
+        """One call of the model: ``size`` items, their queue waits; ``direct``: made by a solo search (no queue,
+        waits of 0), counted like a batch so that the model's call and item counts stay whole."""
         for observe in self.observers:
             observe(size, waits_ms, failed)
-        self.batches += 1
-        self.items += size
-        self.errors += int(failed)
-        self.batch_sizes.append(size)
-        self.queue_wait_ms.extend(waits_ms)
+        with self._lock:
+            self.batches += 1
+            self.direct += int(direct)
+            self.items += size
+            self.errors += int(failed)
+            self.batch_sizes.append(size)
+            self.queue_wait_ms.extend(waits_ms)
 
     def snapshot(self) -> dict[str, float | int]:
         """Counters plus mean batch size and p50/p95 queue wait (ms) over the recent window; 0.0 when empty."""
-        sizes = np.fromiter(self.batch_sizes, dtype=np.float64)
-        waits = np.fromiter(self.queue_wait_ms, dtype=np.float64)
+        with self._lock:  # a solo search may be appending from its thread
+            sizes = np.array(self.batch_sizes, dtype=np.float64)
+            waits = np.array(self.queue_wait_ms, dtype=np.float64)
         p50, p95 = (float(v) for v in np.percentile(waits, [50, 95])) if len(waits) else (0.0, 0.0)
         return {
             "batches": self.batches,
             "items": self.items,
             "errors": self.errors,
             "dropped": self.dropped,
+            "direct": self.direct,
             "mean_batch_size": float(sizes.mean()) if len(sizes) else 0.0,
             "queue_wait_p50_ms": p50,
             "queue_wait_p95_ms": p95,

@@ -11,9 +11,11 @@ one that the semantic cache does not answer, pays only for the pairs it has not 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,12 +45,13 @@ class BatchingConfig:
 class PairCache:
     """Cross-encoder logits of (query, passage) pairs, at most ``capacity`` of them, least recently used evicted.
     Keys are 16-byte digests of the exact texts, so a cached score is the score of the same input (a passage
-    window is its own text). One per cross-encoder; used from the pipeline's loop only (no lock)."""
+    window is its own text). One per cross-encoder; used from the pipeline's loop and a solo search's thread (one lock)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._scores: OrderedDict[bytes, float] = OrderedDict()
         self.hits = self.misses = 0
+        self._lock = threading.Lock()
 
     @staticmethod
     def key(query: str, passage: str) -> bytes:
@@ -59,19 +62,21 @@ class PairCache:
         return h.digest()
 
     def get(self, key: bytes) -> float | None:
-        score = self._scores.get(key)
-        if score is None:
-            self.misses += 1
-            return None
-        self._scores.move_to_end(key)
-        self.hits += 1
-        return score
+        with self._lock:
+            score = self._scores.get(key)
+            if score is None:
+                self.misses += 1
+                return None
+            self._scores.move_to_end(key)
+            self.hits += 1
+            return score
 
     def put(self, key: bytes, score: float) -> None:
-        self._scores[key] = score
-        self._scores.move_to_end(key)
-        while len(self._scores) > self.capacity:
-            self._scores.popitem(last=False)
+        with self._lock:
+            self._scores[key] = score
+            self._scores.move_to_end(key)
+            while len(self._scores) > self.capacity:
+                self._scores.popitem(last=False)
 
     def snapshot(self) -> dict[str, Any]:
         total = self.hits + self.misses
@@ -99,6 +104,29 @@ class ModelCalls:
             self.pairs = MicroBatcher(score, config.cross_encoder, executor=self.executor, name="cross_encoder")
         self.pair_cache = PairCache(pair_cache) if cross_encoder is not None and pair_cache > 0 else None
 
+    @staticmethod
+    def _direct(batcher: MicroBatcher[Any, Any], fn: Callable[[list[Any]], Any], items: list[Any],
+                cancelled: threading.Event) -> list[Any]:
+        """``fn`` over ``items`` on this thread (a solo search), in batches of the batcher's ``max_batch_size``,
+        each recorded in its statistics and metrics as a call of the model with no queue wait. Once ``cancelled``
+        is set (the caller went away), the batches not yet started are dropped (counted) and CancelledError
+        raised: the same bound on wasted work as the batcher's."""
+        out: list[Any] = []
+        size = max(1, batcher.config.max_batch_size)
+        for start in range(0, len(items), size):
+            if cancelled.is_set():
+                with batcher.stats._lock:
+                    batcher.stats.dropped += len(items) - start
+                raise asyncio.CancelledError("the solo search's caller cancelled")
+            chunk = items[start:start + size]
+            try:
+                out.extend(fn(chunk))
+            except BaseException:
+                batcher.stats.record(len(chunk), [0.0] * len(chunk), failed=True, direct=True)
+                raise
+            batcher.stats.record(len(chunk), [0.0] * len(chunk), failed=False, direct=True)
+        return out
+
     @property
     def batchers(self) -> list[MicroBatcher[Any, Any]]:
         return [b for b in (self.embed, self.query_tokens, self.pairs) if b is not None]
@@ -108,9 +136,14 @@ class ModelCalls:
         tokens: list[np.ndarray | None] = list(enc.token_vectors) if enc.token_vectors else [None] * len(texts)
         return [(enc.embeddings[i], None if (t := tokens[i]) is None else t.astype(np.float32)) for i in range(len(texts))]
 
-    async def embed_query(self, query: str) -> tuple[np.ndarray, np.ndarray | None, float]:
+    async def embed_query(self, query: str, direct: threading.Event | None = None
+                          ) -> tuple[np.ndarray, np.ndarray | None, float]:
         """The query's embedding, its embedder token vectors (None when ColBERT serves late interaction), and
-        its queue wait in ms."""
+        its queue wait in ms. ``direct`` (a solo search's cancel flag): the model runs on this thread, not through
+        the batcher."""
+        if direct is not None:
+            vec, tokens = self._direct(self.embed, self._embed_batch, [query], direct)[0]
+            return vec, tokens, 0.0
         (vec, tokens), wait = await self.embed.submit_timed(query)
         return vec, tokens, wait
 
@@ -118,13 +151,21 @@ class ModelCalls:
         assert self.query_tokens is not None
         return await self.query_tokens.submit_timed(query)
 
-    async def score_pairs(self, query: str, passages: Sequence[str]) -> np.ndarray:
+    async def _score(self, pairs: list[tuple[str, str]], direct: threading.Event | None
+                     ) -> Sequence[float] | np.ndarray:
+        assert self.pairs is not None and self.cross_encoder is not None
+        if direct is not None:
+            return self._direct(self.pairs, self.cross_encoder.score, pairs, direct)
+        return await self.pairs.submit_many(pairs)
+
+    async def score_pairs(self, query: str, passages: Sequence[str], direct: threading.Event | None = None
+                          ) -> np.ndarray:
         """The cross-encoder's logit per passage, float32 [len(passages)]; only pairs not in the pair cache are
-        sent to the model."""
-        assert self.pairs is not None
+        sent to the model. ``direct`` (a solo search's cancel flag): the model runs on this thread, not through
+        the batcher."""
         cache = self.pair_cache
         if cache is None:
-            return np.asarray(await self.pairs.submit_many(pairs_for(query, passages)), dtype=np.float32)
+            return np.asarray(await self._score(pairs_for(query, passages), direct), dtype=np.float32)
         keys = [cache.key(query, p) for p in passages]
         out = np.empty(len(passages), dtype=np.float32)
         miss = []
@@ -135,7 +176,7 @@ class ModelCalls:
             else:
                 out[i] = score
         if miss:
-            scores = await self.pairs.submit_many(pairs_for(query, [passages[i] for i in miss]))
+            scores = await self._score(pairs_for(query, [passages[i] for i in miss]), direct)
             for i, score in zip(miss, scores, strict=True):
                 out[i] = score
                 cache.put(keys[i], float(score))

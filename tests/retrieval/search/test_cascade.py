@@ -23,7 +23,8 @@ STAGES = ("bm25", "dense", "late_interaction")
 
 def _with_batching(config, enabled: bool, wait_ms: float = 20.0):
     b = BatcherConfig(max_batch_size=32, max_wait_ms=wait_ms, enabled=enabled)
-    return dataclasses.replace(config, batching=BatchingConfig(embed=b, query_tokens=b, cross_encoder=b))
+    return dataclasses.replace(config, batching=BatchingConfig(embed=b, query_tokens=b, cross_encoder=b),
+                               first_stage=dataclasses.replace(config.first_stage, solo_when_idle=False))
 
 
 def test_concurrent_requests_share_batches_and_match_unbatched(sample_index, embedder, config, sample_queries):
@@ -192,8 +193,10 @@ def test_a_pipeline_bound_to_the_callers_loop_answers_there_and_from_other_threa
     finally:
         reference.close()
 
+    batched = dataclasses.replace(config, first_stage=dataclasses.replace(config.first_stage, solo_when_idle=False))
+
     async def main() -> None:
-        p = Pipeline(sample_index, embedder, config)
+        p = Pipeline(sample_index, embedder, batched)  # a lone request would run solo, on a model-pool thread
         p.bind_loop()
         with pytest.raises(RuntimeError, match="already runs on an event loop"):
             p.bind_loop()
@@ -224,7 +227,8 @@ def test_a_pipeline_bound_to_the_callers_loop_answers_there_and_from_other_threa
 def test_short_stages_run_on_the_loop_only_while_few_searches_are_in_flight(sample_index, embedder, config,
                                                                             sample_queries):
     queries = list(sample_queries.values())[:12]
-    pooled = Pipeline(sample_index, embedder, config)  # the default: always in the pool
+    config = dataclasses.replace(config, first_stage=dataclasses.replace(config.first_stage, solo_when_idle=False))
+    pooled = Pipeline(sample_index, embedder, config)  # always in the pool
     inline_cfg = dataclasses.replace(config, first_stage=dataclasses.replace(config.first_stage, inline_max_active=1))
     inline = Pipeline(sample_index, embedder, inline_cfg)  # on the loop while one search runs
     try:
@@ -243,3 +247,50 @@ def test_short_stages_run_on_the_loop_only_while_few_searches_are_in_flight(samp
         inline.close()
     with pytest.raises(ValueError, match="inline_max_active must be >= 0"):
         dataclasses.replace(config.first_stage, inline_max_active=-1)
+
+
+def test_a_lone_request_runs_solo_and_answers_as_the_batched_path(sample_index, embedder, config, sample_queries):
+    """``first_stage.solo_when_idle``: a request that finds no other search running runs its stages in sequence
+    on one thread, with the models called directly; requests arriving meanwhile take the batched path. Both give
+    the same answers, blocking and async, and the cross-encoder (with its pair cache) too."""
+    import asyncio
+
+    queries = list(sample_queries.values())[:12]
+    ce_cfg = dataclasses.replace(config.rerank, cross_encoder=True, ce_cache_pairs=64)
+    base = dataclasses.replace(config, rerank=ce_cfg)
+    stages = (*STAGES, "cross_encoder")
+    cross_encoder = CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL))) if (CE_MODEL / "model.onnx").is_file() \
+        else None
+    if cross_encoder is None:
+        stages, base = STAGES, config
+    solo_cfg = dataclasses.replace(base, first_stage=dataclasses.replace(base.first_stage, solo_when_idle=True))
+    base = dataclasses.replace(base, first_stage=dataclasses.replace(base.first_stage, solo_when_idle=False))
+    batched = Pipeline(sample_index, embedder, base, cross_encoder=cross_encoder)
+    solo = Pipeline(sample_index, embedder, solo_cfg, cross_encoder=cross_encoder)
+    try:
+        expected = [batched.search(q, k=10, stages=stages) for q in queries]
+        assert batched.solo_runs == 0
+        alone = [solo.search(q, k=10, stages=stages) for q in queries]
+        assert solo.solo_runs == len(queries)
+        assert all(r.timings_ms["embed_queue"] == 0.0 for r in alone)
+        embed = solo.models.embed.snapshot()
+        assert embed["batches"] == embed["direct"] == embed["items"] == len(queries)  # no call through the queue
+
+        async def run_async() -> list:
+            return [await solo.search_async(q, k=10, stages=stages) for q in queries]
+
+        alone_async = asyncio.run(run_async())
+        assert solo.solo_runs == 2 * len(queries)
+        with ThreadPoolExecutor(len(queries)) as pool:
+            together = list(pool.map(lambda q: solo.search(q, k=10, stages=stages), queries))
+        assert solo.solo_runs < 3 * len(queries)  # concurrent requests went through the batchers
+        embed = solo.models.embed.snapshot()
+        assert embed["batches"] > embed["direct"]  # some calls went through the queue
+        assert embed["items"] == 3 * len(queries)  # every query embedded once, whichever way
+        for e, a, b, t in zip(expected, alone, alone_async, together, strict=True):
+            assert a.hits.doc.tolist() == e.hits.doc.tolist() == b.hits.doc.tolist() == t.hits.doc.tolist()
+            assert set(a.stages) == set(e.stages) and a.skipped == e.skipped
+            np.testing.assert_allclose(a.hits.scores, e.hits.scores, rtol=1e-4, atol=1e-5)
+    finally:
+        batched.close()
+        solo.close()
