@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--warmup", type=float, default=3.0)
-    ap.add_argument("--floor-queries", type=int, default=50)
+    ap.add_argument("--floor-queries", type=int, default=300)
     ap.add_argument("--json", required=True)
     args, extra = ap.parse_known_args(argv)
     runs: dict[str, Any] = {}

@@ -843,7 +843,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--client-procs", type=int, default=1, help="spread closed-loop callers over N processes")
     ap.add_argument("--calibration-seconds", type=float, default=2.0,
                     help="client ceiling: seconds of health Check at each level (0 = skip)")
-    ap.add_argument("--floor-queries", type=int, default=50, help="with --index: measure the compute floor "
+    ap.add_argument("--floor-queries", type=int, default=300, help="with --index: measure the compute floor "
                     "(bench/floor.py) on the first N queries before the server starts (0 = skip)")
     ap.add_argument("--transports", default="grpc", help="doors measured at each closed-loop level, interleaved: "
                     "grpc, http or grpc,http (the HTTP door's overhead over gRPC, same run, same server)")

@@ -11,7 +11,10 @@ Concurrency: the request logic is one coroutine, run on the pipeline's own event
 MaxSim run on a bounded worker pool, model calls go through cross-request micro-batchers
 (:mod:`retrieval.search.model_calls`), so concurrent requests share ONNX runs. :meth:`Pipeline.search` is the blocking
 entry point (CLI, evaluation, worker threads), :meth:`Pipeline.search_async` the one for asyncio callers (the
-gRPC server); both run the same code.
+gRPC server); both run the same code. Solo requests (``first_stage.solo_when_idle``, the default): a request that
+finds no other search running skips that machinery and runs the same stage code in sequence on one thread kept
+for it (always the same one), its models called directly: no batcher to wait in, no pool round trips
+(:meth:`Pipeline._solo`). Requests arriving meanwhile take the batched path, so batches still form under load.
 
 Semantic cache (:mod:`retrieval.search.semantic_cache`, when configured): the query is embedded first; a cached query of
 the same scope (filter and options) and generation whose embedding is at or above the threshold answers at once
@@ -92,10 +95,12 @@ class FirstStageConfig:
     # pool (docs/results/interactive-cascade.md).
     inline_max_active: int = 0
     # true: a request that finds no other search running, on an in-process index with the embedder's own token
-    # vectors, runs all its stages in sequence on one model-pool thread (blocking callers: on their own thread):
-    # no batcher, no pool round trips, one hand-off in and one back. Requests that arrive meanwhile take the
-    # batched path. Measured on SciFact (2 cores, two A/B pairs in one run): p50 at one caller 36 against 43-46 ms
-    # (x0.84), QPS at 16 callers equal or better, the same answers. See Pipeline._solo and
+    # vectors, runs all its stages in sequence on one thread kept for solo searches (blocking callers: on their
+    # own thread): no batcher, no pool round trips, one hand-off in and one back. Requests that arrive meanwhile
+    # take the batched path. Always the same thread: handed to whichever model-pool worker was free, the stages'
+    # own compute ran about 1.4 ms slower in the server (SciFact, one caller: p50 10.0 against 8.6 ms end to end).
+    # Measured on SciFact (2 cores, one run): p50 at one caller 8.4-9.0 ms against 11.4-11.6 batched (1.27-1.31x
+    # against 1.56x the compute floor), QPS at 16 callers equal, the same answers. See Pipeline._solo and
     # docs/results/interactive-cascade.md.
     solo_when_idle: bool = True
 
@@ -337,7 +342,12 @@ class Pipeline:
         self._active = 0  # searches in flight (on the loop: no lock)
         self.inlined = 0  # stage calls run on the loop rather than in the pool (inline_max_active)
         self._solo_lock = threading.Lock()  # held by the one solo search (first_stage.solo_when_idle)
+        # the one thread async solo searches run on (one at a time: the lock above), always the same one: its core's
+        # caches stay warm from one request to the next
+        self._solo_executor = ThreadPoolExecutor(1, thread_name_prefix="hybridrag-solo")
         self._solo_cancel = threading.Event()  # that search's caller went away (set by search_async); one at a time
+        self._entered = 0  # searches between entry and answer, solo or not (any thread: under _entered_lock)
+        self._entered_lock = threading.Lock()
         self.solo_runs = 0
 
     def publish(self, view: IndexView) -> None:
@@ -397,13 +407,15 @@ class Pipeline:
 
     def _shutdown_pools(self) -> None:
         self.models.shutdown()
+        self._solo_executor.shutdown(wait=True)
         if self._own_executor:
             self.executor.shutdown(wait=True)
 
     def start_threads(self, timeout_s: float = 30.0, on_each: Callable[[], None] | None = None) -> None:
         """Start every worker thread of the pipeline's pools now rather than at first use, running ``on_each`` on
         each of them (a server sets their priority so), and the first requests do not pay for thread creation."""
-        pools: list[tuple[Executor, int]] = [(self.models.executor, self.config.batching.model_workers)]
+        pools: list[tuple[Executor, int]] = [(self.models.executor, self.config.batching.model_workers),
+                                             (self._solo_executor, 1)]
         if self._own_executor:
             pools.append((self.executor, self.config.first_stage.workers))
         for pool, n in pools:
@@ -433,6 +445,7 @@ class Pipeline:
             thread.join()
             loop.close()
         self.models.shutdown()
+        self._solo_executor.shutdown(wait=True)
         if self._own_executor:
             self.executor.shutdown(wait=True)
 
@@ -442,24 +455,32 @@ class Pipeline:
         if self._loop is not None and threading.current_thread() is self._thread:
             raise RuntimeError("Pipeline.search blocks: call search_async from the pipeline's own loop")
         request = self._request(query, k, options)
-        if self._take_solo():
-            return self._solo(request)
-        return self._submit(self._search(request)).result()
+        solo = self._enter()
+        try:
+            if solo:
+                return self._solo(request)
+            return self._submit(self._search(request)).result()
+        finally:
+            self._leave()
 
     async def search_async(self, query: str | SearchRequest, k: int = 10, **options: Any) -> SearchResult:
         """Awaitable search for asyncio callers on any event loop (the same arguments as :meth:`search`)."""
         request = self._request(query, k, options)
-        if self._take_solo():
-            run = functools.partial(contextvars.copy_context().run, self._solo, request)  # keeps the trace parent
-            cancel = self._solo_cancel
-            try:
-                return await asyncio.get_running_loop().run_in_executor(self.models.executor, run)
-            except asyncio.CancelledError:
-                cancel.set()  # its model calls stop before their next batch
-                raise
-        if asyncio.get_running_loop() is self._loop:
-            return await self._search(request)
-        return await asyncio.wrap_future(self._submit(self._search(request)))
+        solo = self._enter()
+        try:
+            if solo:
+                run = functools.partial(contextvars.copy_context().run, self._solo, request)  # keeps the trace parent
+                cancel = self._solo_cancel
+                try:
+                    return await asyncio.get_running_loop().run_in_executor(self._solo_executor, run)
+                except asyncio.CancelledError:
+                    cancel.set()  # its model calls stop before their next batch
+                    raise
+            if asyncio.get_running_loop() is self._loop:
+                return await self._search(request)
+            return await asyncio.wrap_future(self._submit(self._search(request)))
+        finally:
+            self._leave()
 
     async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on the pipeline's loop (where the batchers live) from any event loop."""
@@ -563,17 +584,27 @@ class Pipeline:
             return fn(*args)
         return await self._in_pool(fn, *args)
 
-    def _take_solo(self) -> bool:
-        """Whether this request runs solo (``first_stage.solo_when_idle``): no other search running, the index
+    def _enter(self) -> bool:
+        """Count a search in (from any thread) and say whether it runs solo (``first_stage.solo_when_idle``): no
+        other search in flight (counted from entry, so one waiting for the pipeline's loop counts too), the index
         in-process, late interaction on the embedder's own token vectors (a ColBERT encoder has its own batcher),
-        and no other solo search (the lock is taken here, released by :meth:`_solo`)."""
-        if (not self.config.first_stage.solo_when_idle or self._active or not self.models.embedder_tokens
+        and no other solo search (the lock is taken here, released by :meth:`_solo`). Under load a search nearly
+        always finds company and takes the batched path: a solo search holds its thread for its whole length and
+        calls the models unbatched, which costs throughput once others wait (measured: docs/results/interactive-cascade.md)."""
+        with self._entered_lock:
+            self._entered += 1
+            alone = self._entered == 1
+        if (not alone or not self.config.first_stage.solo_when_idle or self._active or not self.models.embedder_tokens
                 or not getattr(self.index, "in_process", False)):
             return False
         if not self._solo_lock.acquire(blocking=False):
             return False
         self._solo_cancel = threading.Event()
         return True
+
+    def _leave(self) -> None:
+        with self._entered_lock:
+            self._entered -= 1
 
     def _solo(self, request: SearchRequest) -> SearchResult:
         """Run the request's stages on this thread, in sequence: the stages' coroutine is driven to its end in one

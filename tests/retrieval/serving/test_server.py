@@ -238,7 +238,10 @@ def test_unavailable_until_the_index_is_loaded():
 
 
 @pytest.mark.skipif(not CE_MODEL.is_dir(), reason="../shared/models/ce-minilm-l6-beir-train is absent")
-def test_a_cancelled_call_stops_its_work(sample_index, embedder, config):
+@pytest.mark.parametrize("solo", [True, False], ids=["solo", "batched"])
+def test_a_cancelled_call_stops_its_work(sample_index, embedder, config, solo):
+    """A lone call runs solo (its models on one thread) by default; either way a cancelled call's cross-encoder
+    pairs not yet started are never scored."""
     import dataclasses
 
     from index_builder.models import CrossEncoder, CrossEncoderConfig
@@ -246,7 +249,8 @@ def test_a_cancelled_call_stops_its_work(sample_index, embedder, config):
     from retrieval.search.pipeline import Pipeline
 
     small = BatcherConfig(max_batch_size=4, max_wait_ms=0, max_concurrent_batches=1)
-    cfg = dataclasses.replace(config, batching=dataclasses.replace(config.batching, cross_encoder=small))
+    cfg = dataclasses.replace(config, batching=dataclasses.replace(config.batching, cross_encoder=small),
+                              first_stage=dataclasses.replace(config.first_stage, solo_when_idle=solo))
     p = Pipeline(sample_index, embedder, cfg, cross_encoder=CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL))))
     s = BackgroundServer(p, ServerConfig(port=0))
     stages = ["bm25", "dense", "cross_encoder"]
@@ -265,6 +269,7 @@ def test_a_cancelled_call_stops_its_work(sample_index, embedder, config):
         time.sleep(1.0)  # let the batch that was running finish
         stats = p.batcher_stats()["cross_encoder"]
         assert stats["items"] < 60 and stats["dropped"] > 0, stats  # the rest of its pairs were never scored
+        assert p.solo_runs == int(solo) and (stats["direct"] == stats["batches"]) == solo
     finally:
         s.stop()
         p.close()
