@@ -280,6 +280,54 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_front(args: argparse.Namespace) -> int:
+    import signal
+    import tempfile
+
+    from index_builder.errors import ConfigError
+    from retrieval.serving.front import FrontError, render, start_front
+
+    front: dict[str, Any] = {}
+    for flag, key in (("grpc_backend", "grpc_backends"), ("http_backend", "http_backends")):
+        if getattr(args, flag):
+            front[key] = getattr(args, flag)
+    for key in ("host", "port", "http_port", "max_in_flight"):
+        if getattr(args, key) is not None:
+            front[key] = getattr(args, key)
+    try:
+        config = _config(args, {"front": front} if front else None).front
+    except (ConfigError, ValueError) as e:
+        print(f"hybridrag front: {e}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="hybridrag-front-") as tmp:
+        if args.print_config:
+            print(render(config, Path(tmp)), end="")
+            return 0
+        try:
+            proc = start_front(config, Path(tmp))
+        except FrontError as e:
+            print(f"hybridrag front: {e}", file=sys.stderr)
+            return 2
+        doors = f"gRPC on {config.host}:{config.port}" + (
+            f", HTTP on {config.host}:{config.http_port}" if config.http_port != -1 else "")
+        print(f"hybridrag front (nginx, pid {proc.pid}): {doors}; {config.max_in_flight} reads and "
+              f"{config.max_writes_in_flight} writes in flight, over {', '.join(config.grpc_backends)}",
+              file=sys.stderr, flush=True)
+        stopping: list[int] = []
+
+        def stop(signum: int, _frame: Any) -> None:  # only signals here: the main thread is inside proc.wait()
+            stopping.append(signum)
+            if proc.poll() is None:  # the first: nginx's graceful stop (calls in flight finish); a second: at once
+                proc.send_signal(signal.SIGQUIT if len(stopping) == 1 else signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        code = proc.wait()
+        if proc.stderr is not None and not stopping:
+            sys.stderr.write(proc.stderr.read())
+        return 0 if stopping else (code or 1)
+
+
 def cmd_engine(args: argparse.Namespace) -> int:
     from retrieval.engines.qdrant_host import serve_host
 
@@ -480,6 +528,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replace", action="store_true", help="overwrite an existing collection of that name")
     _add_common(p)
     p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("front", help="nginx before the replicas: refuses what is past the in-flight limits in native "
+                                     "code (RESOURCE_EXHAUSTED / 429 within milliseconds under a burst); [front]")
+    p.add_argument("--grpc-backend", action="append", metavar="HOST:PORT",
+                   help="a replica's gRPC door (repeat for several; default: [front] grpc_backends, 127.0.0.1:50051)")
+    p.add_argument("--http-backend", action="append", metavar="HOST:PORT", help="a replica's HTTP door (repeat)")
+    p.add_argument("--host", help="listen address (default: [front] host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="the front's gRPC port (default: [front] port, 50050)")
+    p.add_argument("--http-port", type=int, help="the front's HTTP port (default: [front] http_port, -1 = off)")
+    p.add_argument("--max-in-flight", type=int, help="reads in flight through the front, all replicas together "
+                   "(default: [front] max_in_flight, 64 = one server's default)")
+    p.add_argument("--print-config", action="store_true", help="print the nginx configuration and exit")
+    _add_common(p)
+    p.set_defaults(func=cmd_front)
 
     p = sub.add_parser("engine", help="a development Qdrant host: Qdrant's local engine over its REST API, so "
                                       "several replicas can share one engine where no Qdrant server is installed")

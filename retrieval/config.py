@@ -34,6 +34,7 @@ from retrieval.search.index import IndexConfig
 from retrieval.search.model_calls import BatchingConfig
 from retrieval.search.pipeline import FirstStageConfig, RerankConfig
 from retrieval.search.semantic_cache import SemanticCacheConfig
+from retrieval.serving.front import FrontConfig
 from retrieval.serving.grpc_service import ServerConfig
 from retrieval.serving.http import HttpConfig
 from retrieval.serving.metrics import MetricsConfig
@@ -75,6 +76,7 @@ class AppConfig:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     backend: EngineConfig = field(default_factory=EngineConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    front: FrontConfig = field(default_factory=FrontConfig)
 
     def build_config(self) -> BuildConfig:
         return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,

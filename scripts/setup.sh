@@ -30,19 +30,26 @@ if [ "$llm" = 1 ] && ! python -c "import llama_cpp.server" 2>/dev/null; then
   build_pid=$!
 fi
 extras="dev,scale"
-# Debian packages the tests use on loopback: redis-server (the shared cache's server; tests start their own) and
-# chromium (the playground's browser test, driven by Playwright). Installed when we may, in the background,
+# Debian packages the tests use on loopback: redis-server (the shared cache's server; tests start their own),
+# chromium (the playground's browser test, driven by Playwright) and nginx-light (`hybridrag front`, the shedding
+# front); h2load (nghttp2-client) is bench.burst's native client. Installed when we may, in the background,
 # beside the pip installs (waited for at the end).
 apt_wanted=""
 command -v redis-server > /dev/null || apt_wanted="redis-server"
 [ -x /usr/bin/chromium ] || apt_wanted="$apt_wanted chromium"
+[ -x /usr/sbin/nginx ] || command -v nginx > /dev/null || apt_wanted="$apt_wanted nginx-light"
+command -v h2load > /dev/null || apt_wanted="$apt_wanted nghttp2-client"
 if [ -n "$apt_wanted" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    # policy-rc.d 101: packages start no service (nginx's would take port 80); tests start their own servers
+    policy=/usr/sbin/policy-rc.d
     # shellcheck disable=SC2086
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $apt_wanted) > "$wheels/apt.log" 2>&1 &
+    (own=0; [ -e "$policy" ] || { printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod +x "$policy"; own=1; }
+     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $apt_wanted; rc=$?
+     [ "$own" = 0 ] || rm -f "$policy"; exit $rc) > "$wheels/apt.log" 2>&1 &
     apt_pid=$!
   else
-    echo "setup.sh: not installed: $apt_wanted (apt-get install $apt_wanted); the replica / browser tests will skip" >&2
+    echo "setup.sh: not installed: $apt_wanted (apt-get install $apt_wanted); the replica / browser / front tests will skip" >&2
   fi
 fi
 if [ "$bench" = 1 ]; then
@@ -66,5 +73,5 @@ fi
 python -c "import index_builder.models as m; f = m.bundled_minilm(); print('bundled model:', f.onnx_path)"
 if [ -n "${apt_pid:-}" ]; then
   wait "$apt_pid" || { cat "$wheels/apt.log" >&2; echo "setup.sh: installing $apt_wanted failed" >&2; exit 1; }
-  echo "redis-server: $(command -v redis-server); chromium: $(command -v chromium)"
+  echo "redis-server: $(command -v redis-server); chromium: $(command -v chromium); nginx: $(command -v nginx || echo /usr/sbin/nginx)"
 fi
