@@ -1,18 +1,31 @@
 """Refusals past saturation: how fast a burst's excess gets RESOURCE_EXHAUSTED (issue #26).
 
-A spawned server (``hybridrag serve``, default ``max_in_flight`` 64) receives ``--calls`` Retrieve calls at
-once, over ``--channels`` channels from one asyncio client, after a warm-up. Each call's latency is measured from
-the burst's start (the moment the first call is sent), and from its own send. The figures that matter: the p50/p95
-of the refused calls (RESOURCE_EXHAUSTED) from the burst's start, against the p50 of a do-nothing health Check sent
-alone on the same connection (the transport's own floor), and how many calls were admitted. Usage::
+A spawned server (``hybridrag serve``, default ``max_in_flight`` 64), or ``hybridrag front`` (nginx) before it
+(``--front LIMIT``), receives ``--calls`` calls at once over ``--channels`` connections, after a warm-up. Each
+call's latency is measured from the burst's start (the moment the first call is sent) and from its own send. The
+figures that matter: the p50/p95 of the refused calls from the burst's start, against the p50 of a do-nothing
+health Check sent alone (the transport's own floor), and how many calls were admitted.
+
+Two clients: ``python`` (one asyncio grpc client: it needs 65-70 ms on 2 cores just to send 200 calls and read
+their answers, so its figures floor there whatever the server does) and ``h2load`` (nghttp2's native HTTP/2 load
+generator, speaking gRPC's framing: all 200 calls are on the wire within a millisecond). h2load sees HTTP statuses,
+not gRPC's trailers: through the front a refusal is HTTP 204 (nginx's trailers-only answer) and told apart; direct
+to the server every call is HTTP 200, so only the distribution of all calls is reported (with ``max_in_flight``
+1 nearly all of them are refusals: the Python server's own floor). ``--rpc health`` bursts do-nothing health
+Checks instead: what the Python gRPC server costs per call before any handler of ours. Usage::
 
     python -m bench.burst --index indexes/scifact --dataset ../shared/data/beir/scifact [--calls 200] [--bursts 5]
+        [--client python|h2load] [--front 64] [--rpc retrieve|health]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import shutil
+import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench.harness import machine, write_result
-from bench.load import load_query_list, spawn_server, stop_server, wait_serving
+from bench.load import load_query_list, spawn_front, spawn_server, stop_server, wait_serving
 
 
 def _pct(xs: list[float]) -> dict[str, float | None]:
@@ -33,8 +46,11 @@ def _pct(xs: list[float]) -> dict[str, float | None]:
             "p95_ms": round(float(np.percentile(a, 95)), 2), "max_ms": round(float(a.max()), 2)}
 
 
-async def one_burst(stubs: list[Any], queries: list[str], calls: int, timeout_s: float) -> dict[str, Any]:
+async def one_burst(stubs: list[Any], queries: list[str], calls: int, timeout_s: float,
+                    health: list[Any] | None = None) -> dict[str, Any]:
+    """One burst of Retrieve calls, or of health Checks when ``health`` (their stubs) is given."""
     import grpc
+    from grpc_health.v1 import health_pb2
 
     from retrieval.api import retriever_pb2 as pb
 
@@ -43,8 +59,11 @@ async def one_burst(stubs: list[Any], queries: list[str], calls: int, timeout_s:
     async def call(i: int) -> tuple[str, float, float]:
         sent = time.perf_counter()
         try:
-            await stubs[i % len(stubs)].Retrieve(pb.RetrieveRequest(query=queries[i % len(queries)], top_k=10,
-                                                                    bypass_cache=True), timeout=timeout_s)
+            if health:
+                await health[i % len(health)].Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+            else:
+                await stubs[i % len(stubs)].Retrieve(pb.RetrieveRequest(query=queries[i % len(queries)], top_k=10,
+                                                                        bypass_cache=True), timeout=timeout_s)
             code = "OK"
         except grpc.aio.AioRpcError as e:
             code = e.code().name
@@ -60,7 +79,7 @@ async def one_burst(stubs: list[Any], queries: list[str], calls: int, timeout_s:
 
 
 async def run(target: str, queries: list[str], calls: int, bursts: int, channels: int, timeout_s: float,
-              pause_s: float) -> dict[str, Any]:
+              pause_s: float, rpc: str = "retrieve") -> dict[str, Any]:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -69,6 +88,7 @@ async def run(target: str, queries: list[str], calls: int, bursts: int, channels
 
     chans = [grpc.aio.insecure_channel(target) for _ in range(channels)]
     stubs = [pbg.RetrieverStub(c) for c in chans]
+    healths = [health_pb2_grpc.HealthStub(c) for c in chans]
     health = health_pb2_grpc.HealthStub(chans[0])
     try:
         for q in queries[:20]:  # warm-up: connections, sessions
@@ -84,7 +104,7 @@ async def run(target: str, queries: list[str], calls: int, bursts: int, channels
         other: dict[str, int] = {}
         admitted = []
         for _ in range(bursts):
-            r = await one_burst(stubs, queries, calls, timeout_s)
+            r = await one_burst(stubs, queries, calls, timeout_s, healths if rpc == "health" else None)
             own = r.pop("_own")
             refused += r.get("RESOURCE_EXHAUSTED", [])
             refused_own += own.get("RESOURCE_EXHAUSTED", [])
@@ -97,10 +117,77 @@ async def run(target: str, queries: list[str], calls: int, bursts: int, channels
     finally:
         for c in chans:
             await c.close()
-    return {"calls_per_burst": calls, "bursts": bursts, "channels": channels,
+    return {"client": "python", "rpc": rpc, "calls_per_burst": calls, "bursts": bursts, "channels": channels,
             "health_alone": _pct(idle), "refused_from_burst_start": _pct(refused),
             "refused_own_latency": _pct(refused_own), "ok_from_burst_start": _pct(ok),
             "admitted_per_burst": admitted, "other_codes": other}
+
+
+H2LOAD_REFUSED = 204  # nginx's trailers-only RESOURCE_EXHAUSTED (retrieval/serving/front.py); the server answers 200
+
+
+def grpc_frame(message: Any) -> bytes:
+    """A gRPC message on the wire: uncompressed flag, big-endian length, the bytes.
+
+    >>> grpc_frame(type("M", (), {"SerializeToString": lambda self: b"ab"})())
+    b'\\x00\\x00\\x00\\x00\\x02ab'
+    """
+    body = message.SerializeToString()
+    return b"\x00" + struct.pack(">I", len(body)) + body
+
+
+def run_h2load(target: str, query: str, calls: int, bursts: int, channels: int, pause_s: float, rpc: str,
+               workdir: Path) -> dict[str, Any]:
+    """Bursts sent by h2load (native, HTTP/2, gRPC framing): every call on the wire within about a millisecond.
+    One request body for every call (the first query; ``bypass_cache`` so that none is a cache hit)."""
+    from grpc_health.v1 import health_pb2
+
+    from retrieval.api import retriever_pb2 as pb
+
+    binary = shutil.which("h2load")
+    if binary is None:
+        raise SystemExit("bench.burst --client h2load: h2load not found (Debian: apt-get install nghttp2-client)")
+    if rpc == "health":
+        path, message = "/grpc.health.v1.Health/Check", health_pb2.HealthCheckRequest()
+    else:
+        path, message = "/hybridrag.v1.Retriever/Retrieve", pb.RetrieveRequest(query=query, top_k=10,
+                                                                              bypass_cache=True)
+    body = workdir / "body.bin"
+    body.write_bytes(grpc_frame(message))
+    url = f"http://{target}{path}"
+    common = ["-H", "content-type: application/grpc", "-H", "te: trailers", "-d", str(body)]
+    subprocess.run([binary, "-n", "20", "-c", "1", *common, url], capture_output=True, check=True)  # warm-up
+    alone = workdir / "alone.tsv"
+    subprocess.run([binary, "-n", "50", "-c", "1", "--log-file", str(alone), *common, url], capture_output=True,
+                   check=True)
+    idle = [int(line.split("\t")[2]) / 1000.0 for line in alone.read_text().splitlines() if line]
+    every: list[float] = []
+    refused: list[float] = []
+    passed: list[float] = []
+    spread: list[float] = []
+    refused_per_burst: list[int] = []
+    for b in range(bursts):
+        log = workdir / f"burst{b}.tsv"
+        subprocess.run([binary, "-n", str(calls), "-c", str(channels), "-m", str(math.ceil(calls / channels)),
+                        "--log-file", str(log), *common, url], capture_output=True, check=True)
+        rows = [line.split("\t") for line in log.read_text().splitlines() if line]
+        start = min(int(r[0]) for r in rows)
+        spread.append((max(int(r[0]) for r in rows) - start) / 1000.0)
+        n_refused = 0
+        for r in rows:
+            from_start = (int(r[0]) - start) / 1000.0 + int(r[2]) / 1000.0
+            every.append(from_start)
+            if int(r[1]) == H2LOAD_REFUSED:
+                refused.append(from_start)
+                n_refused += 1
+            else:
+                passed.append(from_start)
+        refused_per_burst.append(n_refused)
+        time.sleep(pause_s)
+    return {"client": "h2load", "rpc": rpc, "calls_per_burst": calls, "bursts": bursts, "channels": channels,
+            "alone": _pct(idle), "all_from_burst_start": _pct(every),
+            "refused_by_front_from_burst_start": _pct(refused), "passed_from_burst_start": _pct(passed),
+            "refused_by_front_per_burst": refused_per_burst, "send_spread_ms": _pct(spread)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,27 +202,56 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--channels", type=int, default=4)
     ap.add_argument("--timeout-s", type=float, default=30.0)
     ap.add_argument("--pause-s", type=float, default=2.0, help="idle seconds between bursts")
+    ap.add_argument("--client", choices=("python", "h2load"), default="python",
+                    help="who sends the burst: one asyncio grpc client, or h2load (native; nghttp2-client)")
+    ap.add_argument("--rpc", choices=("retrieve", "health"), default="retrieve",
+                    help="what the burst calls: Retrieve, or the do-nothing health Check (the transport's floor)")
+    ap.add_argument("--front", type=int, default=0, metavar="LIMIT",
+                    help="with --index: burst `hybridrag front` (nginx) at LIMIT reads in flight before the server")
     ap.add_argument("--label", default="", help="names this run in the JSON (e.g. the server settings given by env)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.front and not args.index:
+        ap.error("--front needs --index (the front is spawned before the spawned server)")
     queries = [t for _, t in load_query_list(args.dataset, "test", 0)[0]]
-    if args.target:
-        result = asyncio.run(run(args.target, queries, args.calls, args.bursts, args.channels, args.timeout_s,
-                                 args.pause_s))
-    else:
-        with tempfile.TemporaryDirectory(prefix="hybridrag-burst-") as tmp:
+
+    def measure(target: str, workdir: Path) -> dict[str, Any]:
+        if args.client == "h2load":
+            return run_h2load(target, queries[0], args.calls, args.bursts, args.channels, args.pause_s, args.rpc,
+                              workdir)
+        return asyncio.run(run(target, queries, args.calls, args.bursts, args.channels, args.timeout_s,
+                               args.pause_s, args.rpc))
+
+    with tempfile.TemporaryDirectory(prefix="hybridrag-burst-") as tmp:
+        if args.target:
+            result = measure(args.target, Path(tmp))
+        else:
             server = spawn_server(Path(args.index).resolve(), args.config, 0, Path(tmp))
+            front = None
             try:
                 wait_serving(server.target, 300.0, server)
-                result = asyncio.run(run(server.target, queries, args.calls, args.bursts, args.channels,
-                                         args.timeout_s, args.pause_s))
+                target = server.target
+                if args.front:
+                    front, target = spawn_front(server.target, args.front, Path(tmp))
+                result = measure(target, Path(tmp))
             finally:
+                if front is not None:
+                    from retrieval.serving.front import stop_front
+
+                    stop_front(front)
                 stop_server(server)
-    r, h = result["refused_from_burst_start"], result["health_alone"]
-    print(f"health alone p50 {h['p50_ms']} ms; refused {r['n']} (p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms from the "
-          f"burst's start; own p50 {result['refused_own_latency']['p50_ms']} ms); admitted per burst "
-          f"{result['admitted_per_burst']}; OK p50 {result['ok_from_burst_start']['p50_ms']} ms; other "
-          f"{result['other_codes']}")
+    if args.client == "h2load":
+        a, r = result["all_from_burst_start"], result["refused_by_front_from_burst_start"]
+        print(f"h2load, {args.rpc}: alone p50 {result['alone']['p50_ms']} ms; all calls p50 {a['p50_ms']} ms, p95 "
+              f"{a['p95_ms']} ms from the burst's start (sent within {result['send_spread_ms']['max_ms']} ms); "
+              f"refused by the front {r['n']} (p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms), per burst "
+              f"{result['refused_by_front_per_burst']}; passed p50 {result['passed_from_burst_start']['p50_ms']} ms")
+    else:
+        r, h = result["refused_from_burst_start"], result["health_alone"]
+        print(f"health alone p50 {h['p50_ms']} ms; refused {r['n']} (p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms from "
+              f"the burst's start; own p50 {result['refused_own_latency']['p50_ms']} ms); admitted per burst "
+              f"{result['admitted_per_burst']}; OK p50 {result['ok_from_burst_start']['p50_ms']} ms; other "
+              f"{result['other_codes']}")
     if args.json:
         write_result(args.json, f"burst_{Path(args.dataset).name}",
                      {k: v for k, v in vars(args).items() if k != "json"}, result | {"machine": machine()})

@@ -47,8 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--floor-queries", type=int, default=300)
+    ap.add_argument("--front", action="append", default=[], metavar="NAME=LIMIT",
+                    help="measure the configuration NAME through `hybridrag front` (nginx) at LIMIT reads in flight "
+                         "(bench.load --front); NAME may name a --config or a new run of the first's server config")
     ap.add_argument("--json", required=True)
     args, extra = ap.parse_known_args(argv)
+    fronts = dict(f.partition("=")[::2] for f in args.front)
+    known = {c.partition("=")[0] for c in args.config}
+    for name in fronts:  # a front run of a new name: the reference's server configuration, behind the front
+        if name not in known:
+            args.config.append(f"{name}={args.config[0].partition('=')[2]}")
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="hybridrag-cascade-load-") as tmp:
         for spec in args.config:
@@ -59,11 +67,14 @@ def main(argv: list[str] | None = None) -> int:
                    "--floor-queries", str(args.floor_queries), "--json", str(out), *extra]
             if toml:
                 cmd += ["--config", toml]
+            if name in fronts:
+                cmd += ["--front", fronts[name]]
             print(f"== {name} ({toml or 'defaults'})", file=sys.stderr)
             if load_main(cmd) != 0:
                 return 2
             (entry,) = json.loads(out.read_text())["load"].values()
-            runs[name] = {"config_file": toml, "closed_loop": entry["closed_loop"], "floor": entry["floor"],
+            runs[name] = {"config_file": toml, "front": int(fronts.get(name) or 0),
+                          "closed_loop": entry["closed_loop"], "floor": entry["floor"],
                           "ndcg@10": entry["ndcg@10"], "server": entry["server"]}
     ref_name = args.config[0].partition("=")[0]
     ref = runs[ref_name]["closed_loop"]
@@ -75,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:12} C={c:<3} QPS {e['qps']:7.1f} p50 {e['p50_ms']:7.1f} ms  p50 x{r['p50_ratio']}  "
                   f"QPS x{r['qps_ratio']}  p50/floor {e.get('p50_over_floor')}  nDCG@10 {run['ndcg@10']}")
     write_result(args.json, "cascade_load", {"dataset": Path(args.dataset).name, "configs": args.config,
-                                             "concurrency": args.concurrency, "duration": args.duration},
+                                             "fronts": args.front, "concurrency": args.concurrency, "duration": args.duration},
                  {"reference": ref_name, "runs": runs})
     return 0
 

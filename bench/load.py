@@ -116,6 +116,16 @@ def spawn_server(index: Path, config: str | None, threads: int, log_dir: Path, h
     return SpawnedServer(proc, f"127.0.0.1:{port}", log_path, f"http://127.0.0.1:{http_port}" if http else "")
 
 
+def spawn_front(target: str, limit: int, workdir: Path) -> tuple[subprocess.Popen, str]:
+    """``hybridrag front`` (nginx, retrieval/serving/front.py) before a server at ``target``, ``limit`` reads in
+    flight, on a free loopback port: the process and the front's gRPC address (stop with ``stop_front``)."""
+    from retrieval.serving.front import FrontConfig, start_front
+
+    port = free_port()
+    return start_front(FrontConfig(grpc_backends=(target,), port=port, max_in_flight=limit), workdir / "front"), \
+        f"127.0.0.1:{port}"
+
+
 def server_env() -> dict[str, str]:
     """The spawned server's environment (a variable the caller set wins): no embedded llama.cpp server competing
     for the CPU (Retrieve does not need it), and ``/metrics`` on a free port rather than the fixed default, so a
@@ -829,6 +839,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--config", help="TOML configuration of the spawned server")
     ap.add_argument("--server-threads", type=int, default=0, help="--threads of the spawned server (0 = default)")
     ap.add_argument("--server-timeout", type=float, default=300.0, help="seconds to wait for health SERVING")
+    ap.add_argument("--front", type=int, default=0, metavar="LIMIT", help="with --index: send the load through "
+                    "`hybridrag front` (nginx) at LIMIT reads in flight before the spawned server (0 = direct)")
     ap.add_argument("--dataset", required=True, help="BEIR folder: the split's judged queries are sent, cycled")
     ap.add_argument("--split", default="test")
     ap.add_argument("--limit", type=int, default=0, help="only the first N queries")
@@ -986,8 +998,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                                tuple(s for s in args.stages.split(",") if s) or None)
         print(f"compute floor {floor['floor_ms']:.2f} ms/request, throughput floor {floor['throughput_floor_qps']} QPS "
               f"({floor['stage_p50_ms']})", file=sys.stderr)
-    server = None
+    server = front = None
     want_http = "http" in _transports(args.transports)
+    if args.front and (not args.index or want_http):
+        print("bench load: --front needs --index (a spawned server) and the gRPC door alone", file=sys.stderr)
+        return 2
     if want_http and args.target and not args.http_target:
         print("bench load: --transports with http and --target need --http-target URL", file=sys.stderr)
         return 2
@@ -998,6 +1013,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                                       http=want_http)
                 target, http_url = server.target, server.http_url
                 print(f"started the server (pid {server.proc.pid}) on {target}, waiting for SERVING...", file=sys.stderr)
+                if args.front:
+                    front, target = spawn_front(server.target, args.front, Path(tmp))
+                    print(f"the load goes through the front (nginx, {args.front} in flight) on {target}",
+                          file=sys.stderr)
             else:
                 target, http_url = args.target, args.http_target or ""
             wait_serving(target, args.server_timeout, server)
@@ -1008,6 +1027,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             print(f"bench load: {e}", file=sys.stderr)
             return 2
         finally:
+            if front is not None:
+                from retrieval.serving.front import stop_front
+
+                stop_front(front)
             if server is not None:
                 stop_server(server)
     if not args.no_baseline and baseline is None:

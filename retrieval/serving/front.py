@@ -228,6 +228,8 @@ def render(config: FrontConfig, workdir: Path) -> str:
 
 def nginx_binary(config: FrontConfig) -> str:
     path = shutil.which(config.nginx)
+    if path is None and config.nginx == "nginx" and os.access("/usr/sbin/nginx", os.X_OK):
+        path = "/usr/sbin/nginx"  # Debian's place, off an ordinary user's PATH
     if path is None:
         raise FrontError(f"nginx not found ({config.nginx!r}; [front] nginx): install it (Debian: apt-get install "
                          "nginx-light) or point front.nginx at the binary")

@@ -174,3 +174,27 @@ def test_backends_bench_smoke(tmp_path, sample_index_dir):
     assert engine["levels"]["1"]["p50_vs_local"] > 0 and abs(local["ndcg@10"] - engine["ndcg@10"]) < 0.05
     if shutil.which("redis-server"):
         assert result["shared_cache_lookup"]["stream_local_matrix"]["p50_ms"] > 0
+
+
+def test_burst_bench_smoke(tmp_path, sample_index_dir):
+    """Both clients, both paths: the Python client direct to a server admitting 2 (refusals counted), and, where
+    nginx and h2load are installed, h2load through the front at 2 (its refusals told apart by their HTTP 204)."""
+    import shutil
+
+    from bench.burst import main
+
+    out = tmp_path / "burst.json"
+    config = tmp_path / "two.toml"
+    config.write_text("[server]\nmax_in_flight = 2\n")
+    assert main(["--index", str(sample_index_dir), "--config", str(config), "--dataset", str(REPO / "data" / "sample"),
+                 "--calls", "24", "--bursts", "1", "--pause-s", "0", "--json", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["burst_sample"].values()
+    assert entry["refused_from_burst_start"]["n"] > 0 and sum(entry["admitted_per_burst"]) >= 2
+    if not (shutil.which("h2load") and (shutil.which("nginx") or shutil.which("/usr/sbin/nginx"))):
+        pytest.skip("h2load or nginx is not installed (scripts/setup.sh installs nghttp2-client and nginx-light)")
+    out = tmp_path / "burst-front.json"
+    assert main(["--index", str(sample_index_dir), "--dataset", str(REPO / "data" / "sample"), "--calls", "24",
+                 "--bursts", "1", "--pause-s", "0", "--client", "h2load", "--front", "2", "--json", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["burst_sample"].values()
+    assert entry["client"] == "h2load" and entry["all_from_burst_start"]["n"] == 24
+    assert 0 < entry["refused_by_front_from_burst_start"]["n"] < 24 and entry["passed_from_burst_start"]["n"] >= 2
