@@ -99,8 +99,8 @@ class FirstStageConfig:
     # own thread): no batcher, no pool round trips, one hand-off in and one back. Requests that arrive meanwhile
     # take the batched path. Always the same thread: handed to whichever model-pool worker was free, the stages'
     # own compute ran about 1.4 ms slower in the server (SciFact, one caller: p50 10.0 against 8.6 ms end to end).
-    # Measured on SciFact (2 cores, one run): p50 at one caller 8.4-9.0 ms against 11.4-11.6 batched (1.27-1.31x
-    # against 1.56x the compute floor), QPS at 16 callers equal, the same answers. See Pipeline._solo and
+    # Measured on SciFact (2 cores, one run): p50 at one caller 8.6-9.3 ms against 10.8 batched (1.13-1.18x
+    # against 1.52x the compute floor), QPS at 16 callers equal, the same answers. See Pipeline._solo and
     # docs/results/interactive-cascade.md.
     solo_when_idle: bool = True
 
@@ -342,8 +342,8 @@ class Pipeline:
         self._active = 0  # searches in flight (on the loop: no lock)
         self.inlined = 0  # stage calls run on the loop rather than in the pool (inline_max_active)
         self._solo_lock = threading.Lock()  # held by the one solo search (first_stage.solo_when_idle)
-        # the one thread async solo searches run on (one at a time: the lock above), always the same one: its core's
-        # caches stay warm from one request to the next
+        # the one thread async solo searches run on (one at a time: the lock above), always the same one (handed to
+        # whichever model-pool worker was free, the stages ran ~1.4 ms slower: FirstStageConfig.solo_when_idle)
         self._solo_executor = ThreadPoolExecutor(1, thread_name_prefix="hybridrag-solo")
         self._solo_cancel = threading.Event()  # that search's caller went away (set by search_async); one at a time
         self._entered = 0  # searches between entry and answer, solo or not (any thread: under _entered_lock)
@@ -444,10 +444,7 @@ class Pipeline:
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
             loop.close()
-        self.models.shutdown()
-        self._solo_executor.shutdown(wait=True)
-        if self._own_executor:
-            self.executor.shutdown(wait=True)
+        self._shutdown_pools()
 
     def search(self, query: str | SearchRequest, k: int = 10, **options: Any) -> SearchResult:
         """Blocking search (thread-safe: concurrent callers' model calls are batched together). Takes a

@@ -291,6 +291,10 @@ class ServiceCore:
             self.authorize(caller, request.tenant)
             pipeline = self.pipeline()
             result = await pipeline.search_async(self.search_request(request, pipeline, deadline))
+        if deadline is not None and time.monotonic() >= deadline:
+            # the caller has given up by now: say so rather than send an answer it will not read (its own timer
+            # may fire late on busy cores, and a late OK would then look like a met deadline)
+            raise DeadlineExceeded("the call's deadline passed while it ran (its answer was dropped)")
         self.state.metrics.observe_search(result)
         response = to_response(pipeline, result, request_id)
         log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms,
