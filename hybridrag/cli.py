@@ -284,7 +284,6 @@ def cmd_front(args: argparse.Namespace) -> int:
     import signal
     import tempfile
 
-    from index_builder.errors import ConfigError
     from retrieval.serving.front import FrontError, render, start_front
 
     front: dict[str, Any] = {}
@@ -296,7 +295,7 @@ def cmd_front(args: argparse.Namespace) -> int:
             front[key] = getattr(args, key)
     try:
         config = _config(args, {"front": front} if front else None).front
-    except (ConfigError, ValueError) as e:
+    except ValueError as e:  # ConfigError is one
         print(f"hybridrag front: {e}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="hybridrag-front-") as tmp:

@@ -591,7 +591,7 @@ class Pipeline:
         with self._entered_lock:
             self._entered += 1
             alone = self._entered == 1
-        if (not alone or not self.config.first_stage.solo_when_idle or self._active or not self.models.embedder_tokens
+        if (not alone or not self.config.first_stage.solo_when_idle or not self.models.embedder_tokens
                 or not getattr(self.index, "in_process", False)):
             return False
         if not self._solo_lock.acquire(blocking=False):

@@ -110,6 +110,20 @@ def _http_error(status: int, grpc_status: str, message: str, error_type: str) ->
     return "'" + body.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _upstream(name: str, backends: tuple[str, ...]) -> list[str]:
+    """Replicas balanced by fewest calls in flight, over kept-alive connections."""
+    return [f"  upstream {name} {{", "    least_conn;", *(f"    server {b};" for b in backends), "    keepalive 64;",
+            "    keepalive_requests 1000000;", "  }"]
+
+
+def _location(pattern: str, budget: str, limit: int, refused: str, unavailable: str, upstream_codes: str,
+              pass_to: str) -> list[str]:
+    """The paths ``pattern`` under one budget (``limit`` in flight, past it the named location ``refused``); a
+    replica that does not answer (nginx's own ``upstream_codes``) goes to ``unavailable``."""
+    return [f"    location ~ ^{pattern}$ {{", f"      limit_conn {budget} {limit};", f"      error_page 429 = @{refused};",
+            f"      error_page {upstream_codes} = @{unavailable};", f"      {pass_to};", "    }"]
+
+
 def render(config: FrontConfig, workdir: Path) -> str:
     """The nginx configuration of the front (temporary files and the pid under ``workdir``).
 
@@ -118,7 +132,7 @@ def render(config: FrontConfig, workdir: Path) -> str:
     True
     """
     reads, writes = config.max_in_flight, config.max_writes_in_flight
-    grpc_upstream = "\n".join(f"    server {b};" for b in config.grpc_backends)
+    grpc_pass, http_pass = "grpc_pass grpc://hybridrag_grpc", "proxy_pass http://hybridrag_http"
     lines = [
         "# hybridrag front (retrieval/serving/front.py): made by `hybridrag front`; edit the [front] config instead",
         "daemon off;",
@@ -138,32 +152,19 @@ def render(config: FrontConfig, workdir: Path) -> str:
         f"  client_max_body_size {config.max_body_mb}m;",
         "  keepalive_requests 1000000;",
         "  keepalive_timeout 3600s;",
-        "  upstream hybridrag_grpc {",
-        "    least_conn;",
-        grpc_upstream,
-        "    keepalive 64;",
-        "    keepalive_requests 1000000;",
-        "  }",
+        *_upstream("hybridrag_grpc", config.grpc_backends),
         "  server {",
         f"    listen {config.host}:{config.port} http2;",
         "    http2_max_concurrent_streams 1024;",
         f"    grpc_read_timeout {config.stream_timeout_s}s;",
         f"    grpc_send_timeout {config.stream_timeout_s}s;",
-        f"    location ~ ^/{re.escape(SERVICE)}/({'|'.join(GRPC_READS)})$ {{",
-        f"      limit_conn hybridrag_reads {reads};",
-        "      error_page 429 = @grpc_exhausted_read;",
-        "      error_page 502 503 504 = @grpc_unavailable;",
-        "      grpc_pass grpc://hybridrag_grpc;",
-        "    }",
-        f"    location ~ ^/{re.escape(SERVICE)}/({'|'.join(GRPC_WRITES)})$ {{",
-        f"      limit_conn hybridrag_writes {writes};",
-        "      error_page 429 = @grpc_exhausted_write;",
-        "      error_page 502 503 504 = @grpc_unavailable;",
-        "      grpc_pass grpc://hybridrag_grpc;",
-        "    }",
+        *_location(f"/{re.escape(SERVICE)}/({'|'.join(GRPC_READS)})", "hybridrag_reads", reads, "grpc_exhausted_read",
+                   "grpc_unavailable", "502 503 504", grpc_pass),
+        *_location(f"/{re.escape(SERVICE)}/({'|'.join(GRPC_WRITES)})", "hybridrag_writes", writes,
+                   "grpc_exhausted_write", "grpc_unavailable", "502 503 504", grpc_pass),
         "    location / {",
         "      error_page 502 503 504 = @grpc_unavailable;",
-        "      grpc_pass grpc://hybridrag_grpc;",
+        f"      {grpc_pass};",
         "    }",
     ]
     # A gRPC status without a message body: a trailers-only response (HTTP/2 headers that end the stream).
@@ -178,14 +179,8 @@ def render(config: FrontConfig, workdir: Path) -> str:
                   "    }"]
     lines.append("  }")
     if config.http_port != -1:
-        http_upstream = "\n".join(f"    server {b};" for b in config.http_backends)
         lines += [
-            "  upstream hybridrag_http {",
-            "    least_conn;",
-            http_upstream,
-            "    keepalive 64;",
-            "    keepalive_requests 1000000;",
-            "  }",
+            *_upstream("hybridrag_http", config.http_backends),
             "  server {",
             f"    listen {config.host}:{config.http_port};",
             "    proxy_http_version 1.1;",
@@ -195,21 +190,13 @@ def render(config: FrontConfig, workdir: Path) -> str:
             "    proxy_request_buffering off;",
             f"    proxy_read_timeout {config.stream_timeout_s}s;",
             f"    proxy_send_timeout {config.stream_timeout_s}s;",
-            f"    location ~ ^({'|'.join(re.escape(p) for p in HTTP_READS)})$ {{",
-            f"      limit_conn hybridrag_reads {reads};",
-            "      error_page 429 = @http_exhausted_read;",
-            "      error_page 502 504 = @http_unavailable;",
-            "      proxy_pass http://hybridrag_http;",
-            "    }",
-            f"    location ~ ^({'|'.join(re.escape(p) for p in HTTP_WRITES)})$ {{",
-            f"      limit_conn hybridrag_writes {writes};",
-            "      error_page 429 = @http_exhausted_write;",
-            "      error_page 502 504 = @http_unavailable;",
-            "      proxy_pass http://hybridrag_http;",
-            "    }",
+            *_location(f"({'|'.join(re.escape(p) for p in HTTP_READS)})", "hybridrag_reads", reads, "http_exhausted_read",
+                       "http_unavailable", "502 504", http_pass),
+            *_location(f"({'|'.join(re.escape(p) for p in HTTP_WRITES)})", "hybridrag_writes", writes,
+                       "http_exhausted_write", "http_unavailable", "502 504", http_pass),
             "    location / {",
             "      error_page 502 504 = @http_unavailable;",
-            "      proxy_pass http://hybridrag_http;",
+            f"      {http_pass};",
             "    }",
         ]
         for name, status, grpc_status, message, error_type in (
