@@ -58,7 +58,13 @@ class FrontConfig:
     HTTP front. ``max_in_flight`` / ``max_writes_in_flight``: reads and writes in flight through the front, all
     replicas together. ``stream_timeout_s``: the longest a replica may stay silent inside a call (streamed answers
     included). ``workers``: nginx worker processes (1 leaves the cores to the servers; one worker serves thousands of
-    connections)."""
+    connections).
+
+    Slow clients, with the HTTP door's defaults (:mod:`retrieval.serving.http_timeouts`): ``header_timeout_s``
+    (nginx ``client_header_timeout``: the request's headers, on both doors), ``body_timeout_s``
+    (``client_body_timeout``: the longest pause between two reads of a body), ``send_timeout_s`` (``send_timeout``:
+    the longest pause of a client reading its answer), ``keepalive_timeout_s`` (an idle connection, HTTP/1.1 or
+    HTTP/2)."""
 
     grpc_backends: tuple[str, ...] = ("127.0.0.1:50051",)
     http_backends: tuple[str, ...] = ()
@@ -71,6 +77,10 @@ class FrontConfig:
     stream_timeout_s: int = 3600
     workers: int = 1
     nginx: str = "nginx"
+    header_timeout_s: int = 10
+    body_timeout_s: int = 10
+    send_timeout_s: int = 30
+    keepalive_timeout_s: int = 75
 
     def __post_init__(self) -> None:
         if not self.grpc_backends:
@@ -90,6 +100,9 @@ class FrontConfig:
                               f"{self.max_in_flight} and {self.max_writes_in_flight}")
         if self.max_body_mb < 1 or self.stream_timeout_s < 1 or self.workers < 1:
             raise ConfigError("front.max_body_mb, front.stream_timeout_s and front.workers must be >= 1")
+        for name in ("header_timeout_s", "body_timeout_s", "send_timeout_s", "keepalive_timeout_s"):
+            if not 1 <= getattr(self, name) <= 3600:
+                raise ConfigError(f"front.{name} must be in [1, 3600] seconds, got {getattr(self, name)}")
         if not re.fullmatch(r"[A-Za-z0-9_.:\[\]-]+", self.host):
             raise ConfigError(f"front.host: {self.host!r} is not an address")
 
@@ -151,7 +164,11 @@ def render(config: FrontConfig, workdir: Path) -> str:
         "  limit_conn_log_level info;",
         f"  client_max_body_size {config.max_body_mb}m;",
         "  keepalive_requests 1000000;",
-        "  keepalive_timeout 3600s;",
+        "  # slow clients are cut off (the HTTP door's own timeouts, the same defaults)",
+        f"  client_header_timeout {config.header_timeout_s}s;",
+        f"  client_body_timeout {config.body_timeout_s}s;",
+        f"  send_timeout {config.send_timeout_s}s;",
+        f"  keepalive_timeout {config.keepalive_timeout_s}s;",
         *_upstream("hybridrag_grpc", config.grpc_backends),
         "  server {",
         f"    listen {config.host}:{config.port} http2;",

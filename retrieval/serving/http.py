@@ -21,7 +21,10 @@ gRPC door's message, as ``{"error": {"code", "status", "message", "type"}, "requ
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import re
 import socket
 import uuid
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from google.protobuf.message import Message
@@ -43,36 +47,64 @@ from retrieval.errors import InvalidRequest
 from retrieval.serving.core import Caller, ServiceCore
 from retrieval.serving.http_common import (
     ERROR_TYPE,
-    TIMEOUT_HEADER,
-    BodyLimit,
     HttpDoor,
     body_spec,
     error_response,
+    model_schemas,
     ok_spec,
     parse_json,
     proto_schemas,
     read_body,
 )
-from retrieval.serving.openai_api import add_openai_routes
+from retrieval.serving.http_guard import Guard, is_loopback
+from retrieval.serving.http_timeouts import ConnectionTimeouts, protocol_class
+from retrieval.serving.openai_api import MODELS, add_openai_routes
 
 
 @dataclass(frozen=True)
 class HttpConfig:
     """``[http]``: ``port`` -1 = no HTTP door (the default), 0 = any free port (logged). ``max_body_mb``: larger
-    request bodies get 413 unread. ``playground``: serve the page at ``/playground``. ``cors_origins``: browser
-    origins allowed to call the API from other pages (none by default; the playground is same-origin)."""
+    request bodies get 413 unread. ``playground``: serve the page at ``/playground``.
+
+    Browsers (:mod:`retrieval.serving.http_guard`): ``allowed_origins``: the other origins (``scheme://host:port``)
+    whose pages may call the API (none by default: the playground is same-origin; ``"*"`` = any, with CORS);
+    ``allowed_hosts``: the ``Host`` names answered (none = loopback names when listening on a loopback address,
+    any name otherwise; ``"*"`` = any).
+
+    Slow clients (:mod:`retrieval.serving.http_timeouts`): ``header_timeout_s`` for the request line and headers;
+    ``body_timeout_s`` then ``body_min_rate`` bytes/s on average for the body; ``send_timeout_s`` for a client
+    that stops reading its answer; ``keepalive_timeout_s`` for an idle keep-alive connection."""
 
     host: str = "127.0.0.1"
     port: int = -1
     max_body_mb: float = 16.0
     playground: bool = True
-    cors_origins: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    body_min_rate: int = 1024
+    send_timeout_s: float = 30.0
+    keepalive_timeout_s: int = 30
 
     def __post_init__(self) -> None:
         if not -1 <= self.port <= 65535:
             raise ValueError(f"http.port must be -1 (off), 0 (any free port) or a port number, got {self.port}")
         if not 0 < self.max_body_mb <= 1024:
             raise ValueError(f"http.max_body_mb must be in (0, 1024], got {self.max_body_mb}")
+        for name in ("header_timeout_s", "body_timeout_s", "send_timeout_s", "keepalive_timeout_s"):
+            if not 0 < getattr(self, name) <= 3600:
+                raise ValueError(f"http.{name} must be in (0, 3600] seconds, got {getattr(self, name)}")
+        if self.body_min_rate < 0:
+            raise ValueError(f"http.body_min_rate must be >= 0 bytes/s, got {self.body_min_rate}")
+        for origin in self.allowed_origins:
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+                raise ValueError(f"http.allowed_origins: {origin!r} is not an origin (scheme://host[:port], "
+                                 "no path) or '*'")
+
+    @property
+    def timeouts(self) -> ConnectionTimeouts:
+        return ConnectionTimeouts(self.header_timeout_s, self.body_timeout_s, self.body_min_rate, self.send_timeout_s)
 
     @property
     def enabled(self) -> bool:
@@ -82,7 +114,7 @@ class HttpConfig:
 def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
     """The FastAPI app of the HTTP door over ``core`` (the same object the gRPC servicer calls)."""
     door = HttpDoor(core)
-    app = FastAPI(title="hybridrag", version="1", docs_url="/docs", redoc_url=None,
+    app = FastAPI(title="hybridrag", version="1", docs_url=None, redoc_url=None,
                   description="Hybrid retrieval (BM25 + dense, RRF, late interaction, cross-encoder) and "
                               "retrieval-augmented generation. The REST bodies are the gRPC messages of "
                               "proto/hybridrag/v1/retriever.proto in proto3 JSON.")
@@ -125,7 +157,6 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
               summary="Upsert documents (durable when acknowledged; searchable at once)")
     async def upsert(request: Request) -> Response:
         async def work(caller: Caller, request_id: str) -> Message:
-            core.authenticate(caller)  # 401 before the body is looked at
             body = parse_json(await read_body(request), pb.UpsertRequest, "UpsertRequest")
             return await core.upsert(caller, body, request_id)
         return await door.unary(request, "Upsert", work)
@@ -135,7 +166,6 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
                 summary="Delete documents by id (a JSON body, or ?ids=a&ids=b&tenant=t)")
     async def delete(request: Request) -> Response:
         async def work(caller: Caller, request_id: str) -> Message:
-            core.authenticate(caller)
             body = parse_json(await read_body(request), pb.DeleteRequest, "DeleteRequest")
             if request.query_params:
                 unknown = set(request.query_params) - {"ids", "tenant"}
@@ -174,23 +204,24 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
 
     if config.playground:
         page = resources.files("retrieval.serving").joinpath("static/playground.html").read_text(encoding="utf-8")
+        page_headers = {"cache-control": "no-cache", "content-security-policy": page_csp(page)}
 
         @app.get("/playground", include_in_schema=False)
         async def playground() -> HTMLResponse:
-            return HTMLResponse(page, headers={"cache-control": "no-cache"})
+            return HTMLResponse(page, headers=page_headers)
 
         @app.get("/", include_in_schema=False)
         async def root() -> RedirectResponse:
             return RedirectResponse("/playground")
 
-    add_openai_routes(app, door)
-    if config.cors_origins:
-        from fastapi.middleware.cors import CORSMiddleware
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        page = get_swagger_ui_html(openapi_url="/openapi.json", title="hybridrag API")
+        return HTMLResponse(page.body, headers={"content-security-policy": DOCS_CSP})
 
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
-                           allow_headers=["authorization", "content-type", "x-api-key", TIMEOUT_HEADER],
-                           expose_headers=["x-request-id"])
-    app.add_middleware(BodyLimit, limit=int(config.max_body_mb * 2**20))
+    add_openai_routes(app, door)
+    app.add_middleware(Guard, core=core, allowed_origins=config.allowed_origins, allowed_hosts=config.allowed_hosts,
+                       loopback=is_loopback(config.host), max_body=int(config.max_body_mb * 2**20))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -201,6 +232,7 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
                 pb.GenerateResponse.DESCRIPTOR, pb.UpsertRequest.DESCRIPTOR, pb.UpsertResponse.DESCRIPTOR,
                 pb.DeleteRequest.DESCRIPTOR, pb.DeleteResponse.DESCRIPTOR, pb.RebuildResponse.DESCRIPTOR,
                 pb.IndexStatus.DESCRIPTOR))
+            components["schemas"].update(model_schemas(*MODELS))
             components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
             schema["security"] = [{"bearer": []}]
             app.openapi_schema = schema
@@ -208,6 +240,21 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+# Swagger UI (FastAPI's page) loads its script and style from jsDelivr and runs one inline script
+DOCS_CSP = ("default-src 'none'; script-src 'unsafe-inline' https://cdn.jsdelivr.net; style-src https://cdn.jsdelivr.net; "
+            "img-src 'self' data: https://fastapi.tiangolo.com; connect-src 'self'; frame-ancestors 'none'")
+
+
+def page_csp(page: str) -> str:
+    """The playground's Content-Security-Policy: its own inline script and style (by hash, so nothing injected into
+    the page could run), calls to its own origin only, never framed."""
+    def hashes(tag: str) -> str:
+        bodies = re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.S)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'" for b in bodies)
+    return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
+            "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -260,8 +307,8 @@ async def start_http(core: ServiceCore, config: HttpConfig, *, reuse_port: bool 
     sock.setblocking(False)
     port = sock.getsockname()[1]
     server = _EmbeddedUvicorn(uvicorn.Config(create_app(core, config), log_level="warning", access_log=False,
-                                             lifespan="off", loop="none", http="auto", ws="none",
-                                             timeout_keep_alive=30))
+                                             lifespan="off", loop="none", http=protocol_class(config.timeouts),
+                                             ws="none", timeout_keep_alive=config.keepalive_timeout_s))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():

@@ -20,10 +20,12 @@ from fastapi.responses import EventSourceResponse, JSONResponse, Response
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
+from pydantic import BaseModel, ValidationError
 
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import DeadlineExceeded, InvalidRequest
 from retrieval.serving.core import Caller, CallerGone, ServiceCore, status_for
+from retrieval.serving.http_json import load_json
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,17 +49,33 @@ HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
 ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+               404: "not_found_error", 408: "invalid_request_error", 413: "invalid_request_error",
+               415: "invalid_request_error", 429: "rate_limit_error"}
 
 
-class BodyTooLarge(InvalidRequest):
-    """A request body over ``http.max_body_mb`` (413)."""
+class TransportRefusal(InvalidRequest):
+    """A request the HTTP door refuses for how it was sent, with an HTTP status of its own (INVALID_ARGUMENT in the
+    metrics, as its gRPC twin would be)."""
+
+    http_status = 400
+
+
+class BodyTooLarge(TransportRefusal):
+    """A request body over ``http.max_body_mb``."""
+
+    http_status = 413
+
+
+class UnsupportedMediaType(TransportRefusal):
+    """A body that is not ``application/json`` in UTF-8."""
+
+    http_status = 415
 
 
 def error_body(exc: BaseException, request_id: str) -> tuple[int, dict[str, Any]]:
     """The HTTP status and JSON error of one of our errors (the gRPC door's message; INTERNAL hides the detail)."""
     code = status_for(exc)
-    status = 413 if isinstance(exc, BodyTooLarge) else HTTP_STATUS.get(code, 500)
+    status = exc.http_status if isinstance(exc, TransportRefusal) else HTTP_STATUS.get(code, 500)
     message = f"internal error (request id {request_id})" if code == grpc.StatusCode.INTERNAL else str(exc)
     return status, {"error": {"code": status, "status": code.name, "message": message,
                               "type": ERROR_TYPE.get(status, "server_error" if status >= 500 else "error")},
@@ -131,13 +149,27 @@ def to_json(message: Message) -> dict[str, Any]:
 
 def parse_json(raw: bytes, message_cls: type[Message], what: str) -> Any:
     """The request body as ``message_cls``; a 400 that names the problem otherwise (empty body = all defaults)."""
-    if not raw.strip():
-        return message_cls()
+    data = load_json(raw)
+    return message_cls() if data is None else parse_dict(data, message_cls, what)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_model(raw: bytes, model: type[M], what: str) -> M:
+    """The request body as the pydantic ``model`` (the OpenAI-compatible routes), bounded like :func:`parse_json`; a
+    400 that names the fields otherwise."""
+    data = load_json(raw)
+    if data is None:
+        raise InvalidRequest(f"{what}: the body is empty")
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidRequest(f"the body is not valid JSON: {e}") from None
-    return parse_dict(data, message_cls, what)
+        return model.model_validate(data)
+    except ValidationError as e:
+        parts = []
+        for err in e.errors(include_url=False)[:5]:
+            where = ".".join(str(p) for p in err.get("loc", ()))
+            parts.append(f"{where or 'body'}: {err.get('msg')}")
+        raise InvalidRequest(f"{what}: " + "; ".join(parts)) from None
 
 
 def _check_fields(data: Any, descriptor: Descriptor, where: str) -> None:
@@ -218,43 +250,27 @@ def body_spec(name: str, required: bool = True) -> dict[str, Any]:
         "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
 
 
+def model_spec(model: type[BaseModel]) -> dict[str, Any]:
+    """The request body spec of a route that parses ``model`` itself (after authentication; the schema is added
+    to the components by :func:`model_schemas`)."""
+    return body_spec(model.__name__)
+
+
+def model_schemas(*models: type[BaseModel]) -> dict[str, dict[str, Any]]:
+    """JSON Schemas of pydantic models (and the models they hold), by name, for the OpenAPI components."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in models:
+        schema = m.model_json_schema(ref_template="#/components/schemas/{model}")
+        out.update(schema.pop("$defs", {}))
+        out[m.__name__] = schema
+    return out
+
+
 def ok_spec(name: str) -> dict[int | str, dict[str, Any]]:
     return {200: {"description": "OK", "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
 
 
 # ---------------------------------------------------------------------- transport helpers
-
-
-class BodyLimit:
-    """ASGI middleware: a body whose ``content-length`` is over the limit gets 413 unread; a chunked body is
-    counted as it arrives and refused once it passes the limit."""
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or ()).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            response = error_response(BodyTooLarge(
-                f"the request body is {int(declared)} bytes; at most {self.limit} are allowed (http.max_body_mb)"),
-                uuid.uuid4().hex[:16])
-            await response(scope, receive, send)
-            return
-        seen = 0
-
-        async def counted() -> dict[str, Any]:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise BodyTooLarge(f"the request body is over {self.limit} bytes (http.max_body_mb)")
-            return message
-
-        await self.app(scope, counted, send)
 
 
 async def read_body(request: Request) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import InvalidRequest
@@ -36,7 +36,10 @@ from retrieval.serving.http_common import (
     HttpDoor,
     error_body,
     error_response,
+    model_spec,
     parse_dict,
+    parse_model,
+    read_body,
     to_json,
     until_disconnect,
 )
@@ -44,49 +47,79 @@ from retrieval.serving.http_common import (
 MODEL_ID = "hybridrag"
 
 
+INT32_MAX = 2**31 - 1
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
+    """A message; ``content`` is a string or a list of content parts. Only ``text`` parts are read (the question is
+    the last user message's text); other part types are refused rather than dropped from the question unseen.
+    Other fields (``name``, ``tool_calls``, ...) are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _parts(cls, content: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        if isinstance(content, list):
+            for i, part in enumerate(content):
+                kind = part.get("type")
+                if kind != "text":
+                    raise ValueError(f"content[{i}]: part type {kind!r:.40} is not supported (text parts only)")
+                if not isinstance(part.get("text"), str):
+                    raise ValueError(f"content[{i}].text must be a string, got {type(part.get('text')).__name__}")
+                if set(part) - {"type", "text"}:
+                    raise ValueError(f"content[{i}]: unknown field(s) {sorted(set(part) - {'type', 'text'})[:5]}")
+        return content
 
 
 class ChatRequest(BaseModel):
     """The fields we act on; the other OpenAI parameters (temperature, top_p, ...) are accepted and ignored: the
-    server's generation settings apply (they are part of the answer cache's key)."""
+    server's generation settings apply (they are part of the answer cache's key). The answer names them in
+    ``hybridrag.ignored``."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     model: str = MODEL_ID
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     stream: bool = False
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    n: int = 1
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    n: int = Field(default=1, ge=1, le=128)
     stream_options: dict[str, Any] | None = None
     retrieval: dict[str, Any] | None = None
 
 
 class EmbeddingsRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     input: str | list[str] | list[int] | list[list[int]]
     model: str = MODEL_ID
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: int | None = Field(default=None, ge=1, le=65536)
+
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    text: str
 
 
 class RerankRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     query: str
-    documents: list[str | dict[str, Any]] = Field(min_length=1)
-    top_n: int | None = Field(default=None, ge=1)
+    documents: list[str | RerankDocument] = Field(min_length=1)
+    top_n: int | None = Field(default=None, ge=1, le=INT32_MAX)
     return_documents: bool = False
     stage: str = ""
     model: str = ""
 
 
+MODELS: tuple[type[BaseModel], ...] = (ChatRequest, EmbeddingsRequest, RerankRequest)
+
+
 def _text(content: str | list[dict[str, Any]] | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+    return "".join(part["text"] for part in content)
 
 
 def generate_request(body: ChatRequest) -> pb.GenerateRequest:
@@ -127,13 +160,14 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "hybridrag"}]}
 
-    @app.post("/v1/chat/completions", tags=["openai"],
+    @app.post("/v1/chat/completions", tags=["openai"], openapi_extra=model_spec(ChatRequest),
               summary="Retrieval-augmented chat completion (OpenAI-compatible; stream = SSE chunks)")
-    async def chat(request: Request, body: ChatRequest) -> Response:
+    async def chat(request: Request) -> Response:
         request_id = uuid.uuid4().hex[:16]
         created = int(time.time())
         cid = f"chatcmpl-{request_id}"
         try:
+            body = parse_model(await read_body(request), ChatRequest, "ChatRequest")
             feed, first = await door.start_feed(request, generate_request(body), "ChatCompletions", request_id)
         except CallerGone:
             return Response(status_code=499)
@@ -141,6 +175,7 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
             return error_response(e, request_id)
         passages = first.passages
         cites = citations(passages)
+        ignored = sorted(body.model_extra or {})
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
             out = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": MODEL_ID,
@@ -162,7 +197,8 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
                             yield chunk({"content": item.token})
                         elif kind == "stats":
                             yield chunk({}, _finish(item.stats),
-                                        hybridrag={"request_id": request_id, "stats": to_json(item.stats)})
+                                        hybridrag={"request_id": request_id, "stats": to_json(item.stats),
+                                                   "ignored": ignored})
                             if include_usage:
                                 out = {"id": cid, "object": "chat.completion.chunk", "created": created,
                                        "model": MODEL_ID, "choices": [], "usage": _usage(item.stats)}
@@ -198,34 +234,37 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish(stats),
                          "logprobs": None}],
             "usage": _usage(stats), "citations": cites,
-            "hybridrag": {"request_id": request_id, "stats": to_json(stats), "passages": to_json(passages)}},
+            "hybridrag": {"request_id": request_id, "stats": to_json(stats), "passages": to_json(passages),
+                          "ignored": ignored}},
             headers={"x-request-id": request_id})
 
-    @app.post("/v1/embeddings", tags=["openai"], summary="Embeddings of the configured embedder (OpenAI-compatible)")
-    async def embeddings(request: Request, body: EmbeddingsRequest) -> Response:
-        texts = [body.input] if isinstance(body.input, str) else body.input
-        if any(not isinstance(t, str) for t in texts):
-            err = InvalidRequest("input must be a string or a list of strings (token ids are not accepted)")
-            return error_response(err, uuid.uuid4().hex[:16])
-        strings: list[str] = [t for t in texts if isinstance(t, str)]
-
-        async def work(caller: Any, request_id: str) -> Any:
+    @app.post("/v1/embeddings", tags=["openai"], openapi_extra=model_spec(EmbeddingsRequest),
+              summary="Embeddings of the configured embedder (OpenAI-compatible)")
+    async def embeddings(request: Request) -> Response:
+        async def work(caller: Any, request_id: str) -> tuple[np.ndarray, EmbeddingsRequest, list[str]]:
+            body = parse_model(await read_body(request), EmbeddingsRequest, "EmbeddingsRequest")
+            texts = [body.input] if isinstance(body.input, str) else body.input
+            if any(not isinstance(t, str) for t in texts):
+                raise InvalidRequest("input must be a string or a list of strings (token ids are not accepted)")
+            strings = [t for t in texts if isinstance(t, str)]
             vectors = await core.embed(caller, strings)
             if body.dimensions is not None and body.dimensions != vectors.shape[1]:
                 raise InvalidRequest(f"dimensions must be {vectors.shape[1]} (the embedder's), got {body.dimensions}")
-            return vectors
+            return vectors, body, strings
 
-        return await door.unary(request, "Embeddings", work, lambda v, rid: _embedding_list(v, body, strings, core))
+        return await door.unary(request, "Embeddings", work,
+                                lambda result, rid: _embedding_list(result[0], result[1], result[2], core))
 
-    @app.post("/v1/rerank", tags=["openai"], summary="Score documents for a query with a reranking stage (Cohere-style)")
-    async def rerank(request: Request, body: RerankRequest) -> Response:
-        texts = [d if isinstance(d, str) else str(d.get("text", "")) for d in body.documents]
+    @app.post("/v1/rerank", tags=["openai"], openapi_extra=model_spec(RerankRequest),
+              summary="Score documents for a query with a reranking stage (Cohere-style)")
+    async def rerank(request: Request) -> Response:
+        async def work(caller: Any, request_id: str) -> tuple[str, np.ndarray, RerankRequest, list[str]]:
+            body = parse_model(await read_body(request), RerankRequest, "RerankRequest")
+            texts = [d if isinstance(d, str) else d.text for d in body.documents]
+            return (*await core.rerank(caller, body.query, texts, body.stage), body, texts)
 
-        async def work(caller: Any, request_id: str) -> Any:
-            return await core.rerank(caller, body.query, texts, body.stage)
-
-        def answer(result: tuple[str, np.ndarray], request_id: str) -> dict[str, Any]:
-            stage, scores = result
+        def answer(result: tuple[str, np.ndarray, RerankRequest, list[str]], request_id: str) -> dict[str, Any]:
+            stage, scores, body, texts = result
             order = np.argsort(-scores, kind="stable")[: body.top_n or len(texts)]
             results = [{"index": int(i), "relevance_score": float(scores[i]),
                         **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order]

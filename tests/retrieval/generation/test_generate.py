@@ -408,18 +408,22 @@ def test_the_playground_in_a_real_browser(server):
             "--disable-component-update", "--disable-sync"])
         try:
             page = browser.new_page()
+            console: list[str] = []
+            page.on("console", lambda m: console.append(m.text))
             page.goto(server.http_url + "/")  # redirects to /playground
             assert page.title() == "hybridrag playground"
             page.fill("#query", question)
             page.fill("#topk", "3")
             page.click("#ask")
-            page.wait_for_function("document.getElementById('status').textContent === 'done'", timeout=120_000)
+            # a selector, not wait_for_function: the page's CSP allows no string evaluation ('unsafe-eval')
+            page.wait_for_selector("#status:text-is('done')", timeout=120_000)
             shown = page.eval_on_selector_all("#passages tr", "rows => rows.map(r => r.dataset.docId)")
             badges = page.eval_on_selector_all("#passages tr:first-child .stage", "bs => bs.map(b => b.dataset.stage)")
             answer = page.inner_text("#answer")
             stats = page.inner_text("#stats")
             timings = page.inner_text("#timings")
             assert page.inner_text("#error") == ""
+            assert not [m for m in console if "Content Security Policy" in m], console  # the page passes its CSP
         finally:
             browser.close()
     request = {"query": question, "top_k": 3, "options": {"stages": ["bm25", "dense", "late_interaction"]}}

@@ -157,3 +157,64 @@ def test_start_front_reports_a_taken_port(tmp_path):
             proc = start_front(config, tmp_path)
             stop_front(proc)
         assert time.monotonic() - t0 < 10
+
+
+def _closed_within(s: socket.socket, wait: float) -> bytes | None:
+    """What the peer sent before it closed the connection, or None if it is still open after ``wait`` seconds."""
+    s.settimeout(wait)
+    got = b""
+    try:
+        while chunk := s.recv(65536):
+            got += chunk
+        return got
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        return got
+
+
+@needs_nginx
+def test_the_front_cuts_off_slow_clients_and_serves_others(pipeline, tmp_path):
+    """nginx's own timeouts (``[front] header_timeout_s`` ...), 1 s here: connections that send nothing, half a
+    request line, or a trickled body are closed on both doors while normal calls pass through; an idle keep-alive
+    connection is closed after keepalive_timeout_s."""
+    from retrieval.config import ServerConfig
+    from retrieval.serving.grpc_service import BackgroundServer
+    from retrieval.serving.http import HttpConfig
+
+    with BackgroundServer(pipeline, ServerConfig(port=0), http=HttpConfig(port=0)) as server:
+        grpc_port, http_port = _free_port(), _free_port()
+        config = FrontConfig(grpc_backends=(server.target,), http_backends=(server.http_url.removeprefix("http://"),),
+                             port=grpc_port, http_port=http_port, nginx=str(NGINX), header_timeout_s=1,
+                             body_timeout_s=1, keepalive_timeout_s=2)
+        proc = start_front(config, tmp_path)
+        try:
+            def connect(port: int) -> socket.socket:
+                return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+            idle = [connect(http_port) for _ in range(20)] + [connect(grpc_port) for _ in range(20)]
+            half = [connect(http_port) for _ in range(20)]
+            for s in half:
+                s.sendall(b"POST /v1/retrieve HT")
+            trickle = [connect(http_port) for _ in range(20)]
+            for s in trickle:
+                s.sendall(b"POST /v1/retrieve HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                          b"content-length: 100000\r\n\r\n{")
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                r = pbg.RetrieverStub(channel).Retrieve(pb.RetrieveRequest(query="bees", top_k=3), timeout=30)
+                assert r.passages
+            assert httpx.post(f"http://127.0.0.1:{http_port}/v1/retrieve", json={"query": "bees", "top_k": 3},
+                              timeout=30).status_code == 200
+            t0 = time.monotonic()
+            results = [_closed_within(s, 6) for s in idle + half + trickle]
+            assert all(g is not None for g in results), f"{sum(g is None for g in results)} of 100 still open"
+            assert time.monotonic() - t0 < 8
+            keep = connect(http_port)
+            keep.sendall(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            t1 = time.monotonic()
+            assert (_closed_within(keep, 10) or b"").startswith(b"HTTP/1.1 200")
+            assert 1.5 < time.monotonic() - t1 < 6  # keepalive_timeout_s = 2
+            for s in idle + half + trickle + [keep]:
+                s.close()
+        finally:
+            stop_front(proc)

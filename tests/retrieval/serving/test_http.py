@@ -18,6 +18,7 @@ from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.serving.grpc_service import BackgroundServer
 from retrieval.serving.http import HttpConfig
 
+JSON = {"content-type": "application/json"}
 NO_RETRY = ClientOptions(retry=RetryPolicy(attempts=1), timeout=60)
 HTTP = HttpConfig(port=0)
 KEYS = {"key-acme": frozenset({"acme"}), "key-admin": frozenset({"*"})}
@@ -113,9 +114,11 @@ def test_the_door_answers_without_nagle(local):
 
 def test_transport_errors_have_their_status(local):
     u = local.http_url
-    r = httpx.post(u + "/v1/retrieve", content=b"{not json", timeout=30)
+    r = httpx.post(u + "/v1/retrieve", content=b"{not json", headers=JSON, timeout=30)
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
-    r = httpx.post(u + "/v1/retrieve", content=b"x" * (17 * 2**20), timeout=30)  # over max_body_mb: refused unread
+    r = httpx.post(u + "/v1/retrieve", content=b"{not json", timeout=30)  # no content type: refused unread
+    assert r.status_code == 415 and "content-type: application/json" in r.json()["error"]["message"]
+    r = httpx.post(u + "/v1/retrieve", content=b"x" * (17 * 2**20), headers=JSON, timeout=30)  # over max_body_mb
     assert r.status_code == 413 and "at most 16777216 are allowed" in r.json()["error"]["message"]
     r = httpx.get(u + "/v1/nothing", timeout=30)
     assert r.status_code == 404 and r.json()["error"]["status"] == "NOT_FOUND"
