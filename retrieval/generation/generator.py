@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import logging
+import math
 import time
+import typing
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +30,12 @@ from retrieval.errors import DeadlineExceeded, InvalidRequest
 from retrieval.generation.backend import BackendConfig, ChatBackend, GenerationConfig, route
 from retrieval.generation.embedded import EmbeddedLLMServer, llama_server_available
 from retrieval.generation.prompt import ContextPassage, HeuristicCounter, TokenCounter, build_prompt, make_counter
+from retrieval.search.cache_check import InvalidEntry, check_result, expect
 from retrieval.search.pipeline import Pipeline, SearchResult
 from retrieval.search.request import SearchRequest
 from retrieval.search.semantic_cache import SemanticCache
 from retrieval.search.shared_cache import register_codec, result_from_dict, result_to_dict
+from retrieval.search.view import IndexView
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +76,34 @@ def _answer_to_dict(a: _CachedAnswer) -> dict:
     return {"result": result_to_dict(a.result), "text": a.text, "stats": dataclasses.asdict(a.stats)}
 
 
-def _answer_from_dict(o: dict) -> _CachedAnswer:
-    return _CachedAnswer(result_from_dict(o["result"]), o["text"], Stats(**o["stats"]))
+_STATS_TYPES = typing.get_type_hints(Stats)
+
+
+def _answer_from_dict(o: Any) -> _CachedAnswer:
+    """The answer :func:`_answer_to_dict` wrote, every type checked (:class:`InvalidEntry` otherwise: whoever can
+    write to Redis can write anything)."""
+    expect(type(o) is dict and {"result", "text", "stats"} <= set(o), "an answer is not {result, text, stats}")
+    expect(type(o["text"]) is str and bool(o["text"].strip()), "an answer's text is not a non-empty string")
+    stats = o["stats"]
+    expect(type(stats) is dict and set(stats) <= set(_STATS_TYPES), "an answer's stats are not an object of its fields")
+    for f in dataclasses.fields(Stats):
+        if f.name not in stats:
+            expect(f.default is not dataclasses.MISSING, f"an answer's stats have no {f.name!r}")
+            continue
+        v, t = stats[f.name], _STATS_TYPES[f.name]
+        ok = (type(v) in (int, float) and math.isfinite(v) and v >= 0) if t is float else (
+            type(v) is int and v >= 0) if t is int else type(v) is t
+        expect(ok, f"an answer's {f.name!r} is not a {t.__name__}")
+    return _CachedAnswer(result_from_dict(o["result"]), o["text"], Stats(**stats))
+
+
+def _check_answer(value: Any, index: IndexView, request: SearchRequest) -> None:
+    """What a cached answer read from outside the process (the shared cache) must be to answer ``request`` on
+    ``index``: an answer whose passages that index could have given this request (:func:`check_result`)."""
+    if not isinstance(value, _CachedAnswer):
+        raise InvalidEntry(f"a {type(value).__name__}, not an answer")
+    assert request.resolved
+    check_result(value.result, index, request.filter, request.k)
 
 
 class Generator:
@@ -130,11 +161,21 @@ class Generator:
         which = self.route_for(question)
         backend = self.backends[which]
         scope = None
-        if self.cache is not None and request.use_cache and result.query_vec is not None and not result.degraded:
+        # The answer cache is read when the retrieval could be cached: it ran the dense side (it has the query's
+        # vector), or it came from the cache. An exact repeat is looked up by its text first: a retrieval answered
+        # by the shared cache's exact lookup has no vector (that lookup is made before anything is embedded), and
+        # the exact key is one GET where the semantic lookup is a stream read and a matrix product.
+        serving = self.pipeline.index  # the serving generation, for checking what a shared cache reads
+        if (self.cache is not None and request.use_cache and not result.degraded
+                and (result.query_vec is not None or result.cache_hit) and serving.generation == result.generation):
             scope = ("generate", request.filter, request.k, request.stages, request.candidates, request.li_top_k,
                      request.ce_top_k, request.exact_dense, which, backend.model, max_tokens, self.config.temperature,
                      self.config.stop, self._prompt_id)
-            hit = self.cache.lookup(scope, result.generation, result.query_vec, question, epoch=epoch)
+            check = functools.partial(_check_answer, index=serving, request=request)
+            hit = self.cache.lookup_exact(scope, result.generation, question, epoch=epoch, check=check)
+            if hit is None and result.query_vec is not None:
+                hit = self.cache.lookup(scope, result.generation, result.query_vec, question, epoch=epoch,
+                                        check=check)
             if hit is not None:
                 cached: _CachedAnswer = hit.value  # its passages are the ones the answer was generated from
                 yield Passages(dataclasses.replace(cached.result, cache_hit=True, cache_similarity=hit.similarity,
@@ -175,10 +216,18 @@ class Generator:
         stats = Stats(retrieval_ms, ttft, generation_ms, tokens_in, tokens_out, backend.model, which,
                       passages_in_prompt=prompt.passages_used, context_truncated=prompt.truncated,
                       finish_reason=(last.finish_reason if last else None) or "")
-        if scope is not None and self.cache is not None and result.query_vec is not None and text.strip():
-            keep = result.detached()  # not the view: a cached answer must not pin the write buffer it was read from
-            self.cache.put(scope, result.generation, result.query_vec, question, _CachedAnswer(keep, text, stats),
-                           result.doc_ids(), since=epoch, nbytes=keep.approx_bytes() + len(text) + request.filter.nbytes)
+        if scope is not None and self.cache is not None and text.strip():
+            vector = result.query_vec
+            if vector is None:  # the retrieval was an exact hit of the shared cache: the entry needs the vector
+                try:
+                    vector = (await self.pipeline.embed_texts_async([question]))[0]
+                except Exception:  # noqa: BLE001 -- the answer is streamed; it is only not cached
+                    log.exception("embedding the question to cache its answer failed")
+            if vector is not None:
+                keep = result.detached()  # not the view: a cached answer must not pin the write buffer it was read from
+                self.cache.put(scope, result.generation, vector, question, _CachedAnswer(keep, text, stats),
+                               result.doc_ids(), since=epoch,
+                               nbytes=keep.approx_bytes() + len(text) + request.filter.nbytes)
         yield stats
 
     def _estimate_prompt_tokens(self, messages: list[dict[str, str]]) -> int:

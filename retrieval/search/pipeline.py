@@ -19,7 +19,8 @@ for it (always the same one), its models called directly: no batcher to wait in,
 Semantic cache (:mod:`retrieval.search.semantic_cache`, when configured): the query is embedded first; a cached query of
 the same scope (filter and options) and generation whose embedding is at or above the threshold answers at once
 (``SearchResult.cache_hit``). Otherwise the search runs with that embedding and a complete (not degraded) result
-is cached.
+is cached. A cached value read from outside the process (the Redis-shared cache) answers only if it is a result
+this index could have given this request (:func:`check_cached_result`); any other is a miss.
 
 Deadlines: given an absolute deadline (``time.monotonic()`` seconds) or a configured budget, a request whose
 deadline has passed is refused (:class:`DeadlineExceeded`) before it starts; later, the cross-encoder and then
@@ -59,6 +60,8 @@ from rerank.maxsim import maxsim
 from rerank.windows import best_window, char_span
 from retrieval.errors import DeadlineExceeded, InvalidRequest
 from retrieval.observability.tracing import NO_TRACER, child_span
+from retrieval.search.cache_check import InvalidEntry, check_result
+from retrieval.search.filters import Filter
 from retrieval.search.fusion import FusionConfig, rrf
 from retrieval.search.index import IndexSettings, SearchIndex
 from retrieval.search.model_calls import BatchingConfig, ModelCalls
@@ -294,6 +297,15 @@ class ResultView:
 
     def passage(self, chunk: int) -> str:
         return self._passages[chunk]
+
+
+def check_cached_result(value: Any, index: IndexView, filter: Filter, k: int) -> None:
+    """What a cache read from outside the process must hold to answer a search of ``k`` under ``filter`` on
+    ``index`` (raises :class:`~retrieval.search.cache_check.InvalidEntry`; see
+    :func:`~retrieval.search.cache_check.check_result`)."""
+    if not isinstance(value, SearchResult):
+        raise InvalidEntry(f"a {type(value).__name__}, not a search result")
+    check_result(value, index, filter, k)
 
 
 def _ms(t0: float) -> float:
@@ -674,8 +686,9 @@ class Pipeline:
         if (self.cache is not None and use_cache and query_vec is None and "dense" in stages
                 and index.dense is not None):
             scope = ("retrieve", filter, k, candidates, stages, li_top_k, ce_top_k, exact_dense)
+            check = functools.partial(check_cached_result, index=index, filter=filter, k=k)
             t = time.perf_counter()
-            hit = self.cache.lookup_exact(scope, index.generation, query, epoch)
+            hit = self.cache.lookup_exact(scope, index.generation, query, epoch, check=check)
             if hit is not None:  # an exact repeat: answered before anything is embedded
                 result.timings_ms["cache"] = _ms(t)
                 result.timings_ms["total"] = _ms(t_total)
@@ -705,7 +718,7 @@ class Pipeline:
             if query_vec is not None and scope is not None and self.cache is not None:
                 with child_span(tracer, "hybridrag.cache_lookup", trace) as span:
                     t = time.perf_counter()
-                    hit = self.cache.lookup(scope, index.generation, query_vec, query, epoch)
+                    hit = self.cache.lookup(scope, index.generation, query_vec, query, epoch, check=check)
                     result.timings_ms["cache"] = _ms(t)
                     span.set_attribute("hit", hit is not None)
                 if hit is not None:

@@ -158,9 +158,11 @@ class SemanticCache:
 
     # ------------------------------------------------------------------ lookups and inserts
 
-    def lookup_exact(self, scope: Hashable, generation: int, text: str, epoch: int | None = None) -> CacheHit | None:
+    def lookup_exact(self, scope: Hashable, generation: int, text: str, epoch: int | None = None,
+                     check: Callable[[Any], None] | None = None) -> CacheHit | None:
         """The live entry of ``scope`` for exactly ``text`` (before the query is embedded), or None; a miss here
-        is not counted (the semantic lookup that follows counts it)."""
+        is not counted (the semantic lookup that follows counts it). ``check``: unused here (the values are this
+        process's own objects; the shared cache checks what it reads from Redis with it)."""
         with self._lock:
             self._see(generation)
             key = self._exact.get((scope, text))
@@ -172,9 +174,10 @@ class SemanticCache:
             return CacheHit(entry.value, 1.0, entry.text)
 
     def lookup(self, scope: Hashable, generation: int, vector: np.ndarray, text: str,
-               epoch: int | None = None) -> CacheHit | None:
+               epoch: int | None = None, check: Callable[[Any], None] | None = None) -> CacheHit | None:
         """The most similar live entry of ``scope`` at or above the threshold (and passing the guard on ``text``),
-        or None (a miss). ``epoch``: unused here (invalidation is eager, by document)."""
+        or None (a miss). ``epoch``: unused here (invalidation is eager, by document); ``check``: as in
+        :meth:`lookup_exact`."""
         with self._lock:
             self._see(generation)
             s = self._scopes.get(scope)
