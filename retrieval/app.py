@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from index_builder.build import expected_settings
 from index_builder.errors import ConfigError, HybridRagError
 from index_builder.models import Embedder
 from retrieval.config import AppConfig
-from retrieval.generation.generator import open_generator
+from retrieval.generation.generator import GeneratorSetup, open_generator
 from retrieval.live.live_index import LiveIndex
 from retrieval.live.store import DocumentStore
 from retrieval.observability.tracing import NO_TRACER, Tracing, make_tracing
@@ -111,9 +112,9 @@ async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping
         sys.setswitchinterval(config.switch_interval_ms / 1000.0)
     tracing: Tracing = make_tracing(app_config.tracing)
 
-    async def listen():
-        running = await create_server(config, api_keys=api_keys, metrics=app_config.metrics, tracer=tracing.tracer,
-                                      http=app_config.http)
+    async def listen(pipeline: Pipeline | None = None, live: Any = None, setup: GeneratorSetup | None = None):
+        running = await create_server(config, pipeline, api_keys=api_keys, generation=setup, live=live,
+                                      metrics=app_config.metrics, tracer=tracing.tracer, http=app_config.http)
         log.info("hybridrag listening on %s:%d%s; metrics on %s", config.host, running.port,
                  "" if config.reuse_port else " (loading the index)",
                  f"{app_config.metrics.host}:{running.metrics_port}/metrics" if running.metrics_port else "no HTTP port")
@@ -128,6 +129,7 @@ async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping
         loop.add_signal_handler(sig, stop.set)
     pipeline = None
     live = None
+    setup: GeneratorSetup | None = None
     try:
         # The models load on a thread at compute_nice, so the threads their runtimes create inherit it; the pools'
         # workers then lower their own priority. The loop and gRPC's threads keep theirs (retrieval/serving/priority.py).
@@ -140,18 +142,27 @@ async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping
         if config.pipeline_on_server_loop:
             pipeline.bind_loop()  # one loop for the doors and the pipeline: no hand-off between them
         live = await loop.run_in_executor(None, open_writes, pipeline, app_config, store_path)
-        if running is None:
-            running = await listen()
+        generation_error = ""
         try:
             setup = await loop.run_in_executor(None, open_generator, pipeline, app_config.generation, pipeline.cache)
+        except HybridRagError as e:  # Retrieve serves without it; Generate answers UNAVAILABLE with the reason
+            generation_error = f"generation is unavailable: {e}"
+            log.warning("%s", generation_error)
+        if running is None:
+            # A worker beside others listens only now, with the pipeline, the writes and the generator attached
+            # before its first accept: the kernel hands it connections the moment it listens, and a call taken
+            # before they were attached was refused ("the index is not loaded yet"), over both doors, each time
+            # a killed worker was restarted under load (tests/retrieval/serving/test_processes.py).
+            running = await listen(pipeline, live, setup)
+        else:
             running.state.generation = setup
+            running.state.attach(pipeline, live)
+        if generation_error:
+            running.state.generation_error = generation_error
+        if setup is not None:
             if setup.starter is not None:
                 setup.starter.kick()  # the embedded llama.cpp server starts meanwhile; Retrieve does not wait for it
             log.info("generation backends: %s", setup.describe())
-        except HybridRagError as e:  # Retrieve serves without it; Generate answers UNAVAILABLE with the reason
-            running.state.generation_error = f"generation is unavailable: {e}"
-            log.warning("%s", running.state.generation_error)
-        running.state.attach(pipeline, live)
         await running.set_serving(True)
         log.info("hybridrag serving %s (%s, generation %d) on port %d", index_dir or "", app_config.backend.describe(),
                  pipeline.index.generation, running.port)
@@ -160,8 +171,8 @@ async def serve(index_dir: Path | None, app_config: AppConfig, api_keys: Mapping
         log.info("hybridrag stopping: draining in-flight calls (grace %.1f s)", config.grace_s)
         if running is not None:
             await running.stop(config.grace_s)
-            if running.state.generation is not None:
-                await running.state.generation.aclose()
+        if setup is not None:
+            await setup.aclose()
         if live is not None:
             live.close()
         if pipeline is not None:
@@ -225,8 +236,32 @@ def worker_threads(processes: int) -> int:
     return max(1, (os.cpu_count() or 1) // processes)
 
 
+def _die_with_supervisor(supervisor: int) -> None:
+    """SIGTERM to this worker (a graceful drain) when its supervisor dies, however it dies: SIGKILL and the OOM
+    killer included. Without it the workers outlived a killed supervisor, unsupervised and still serving on the
+    shared port, holding its pipes (a supervisor started again served beside them). ``PR_SET_PDEATHSIG`` follows
+    the *thread* that started the worker: the supervisor starts and restarts them on its main thread only. A
+    supervisor already gone before this call is caught by the parent check; without prctl (not Linux), a thread
+    polls the parent each second."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        import threading
+
+        def watch() -> None:
+            while os.getppid() == supervisor:
+                time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGTERM)
+        threading.Thread(target=watch, name="hybridrag-supervisor-watch", daemon=True).start()
+    if os.getppid() != supervisor:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _worker_main(worker: int, workers: int, index_dir: Path | None, config: AppConfig,
-                 api_keys: Mapping[str, frozenset[str]], log_level: int, log_json: bool) -> None:
+                 api_keys: Mapping[str, frozenset[str]], log_level: int, log_json: bool, supervisor: int) -> None:
+    _die_with_supervisor(supervisor)
     root = logging.getLogger()
     root.setLevel(log_level)
     handler = logging.StreamHandler()
@@ -250,9 +285,8 @@ def serve_processes(index_dir: Path | None, app_config: AppConfig,
     """``server.processes`` server processes over one snapshot (memory-mapped: the pages are shared), all on the
     same gRPC (and HTTP) port with SO_REUSEPORT; the kernel spreads connections over them. This process
     supervises: it restarts a worker that dies (at most RESTARTS_PER_MINUTE a minute), and on SIGTERM/SIGINT
-    drains them all. Returns the exit code."""
+    drains them all; a worker ends (SIGTERM) when its supervisor does, however it ends. Returns the exit code."""
     import multiprocessing
-    import time
 
     check_processes(app_config, store_path)
     n = app_config.server.processes
@@ -277,7 +311,7 @@ def serve_processes(index_dir: Path | None, app_config: AppConfig,
     def start(i: int) -> Any:
         p = ctx.Process(target=_worker_main, name=f"hybridrag-worker-{i}", daemon=False,
                         args=(i, n, index_dir, worker_config(app_config, i, grpc_port, http_port), keys, level,
-                              log_json))
+                              log_json, os.getpid()))
         p.start()
         return p
 

@@ -551,7 +551,14 @@ class EngineWriter:
     """Upsert and Delete on the engine, with the same checks and answers as the local live index
     (:class:`retrieval.live.live_index.LiveIndex`): the batch bounds, one tenant per id, the deadline checked
     before the encoding and again before the engine call. ``version`` numbers the writes (shared through Redis
-    when the caches are, so every replica's cache keys move with any replica's write)."""
+    when the caches are, so every replica's cache keys move with any replica's write).
+
+    After a crash (kill -9 included; tests/retrieval/engines/test_engine_crash.py): an acknowledged write is in the
+    engine. On a local folder qdrant-client commits each point to SQLite (rollback journal, ``synchronous =
+    FULL``) before applying it in memory, and its folder lock is a ``flock`` the kernel drops with the process,
+    so the folder reopens as it was. A batch cut by the crash is *not* one transaction, on a folder as on a
+    server: it is applied in order (its points, then the deletion of a shorter document's extra chunks), so a
+    prefix of it survives (docs/deployment.md)."""
 
     def __init__(self, view: QdrantView, embedder: Embedder, token_encoder: TokenEncoder, chunking: ChunkConfig,
                  version: Callable[[], int] | None = None) -> None:

@@ -30,6 +30,7 @@ from retrieval.api import retriever_pb2 as pb
 from retrieval.api import retriever_pb2_grpc as pb_grpc
 from retrieval.errors import InvalidRequest
 from retrieval.generation.generator import GeneratorSetup
+from retrieval.live.live_index import LiveIndex
 from retrieval.observability.tracing import NO_TRACER
 from retrieval.search.pipeline import Pipeline
 from retrieval.serving.auth import ALL_TENANTS, API_KEY_HEADER, load_api_keys, parse_api_keys  # noqa: F401
@@ -287,18 +288,22 @@ class RunningServer:
 async def create_server(config: ServerConfig, pipeline: Pipeline | None = None,
                         api_keys: Mapping[str, frozenset[str]] | None = None,
                         generation: GeneratorSetup | None = None, *, metrics: MetricsConfig | None = None,
-                        tracer: Tracer = NO_TRACER, http: HttpConfig | None = None) -> RunningServer:
+                        tracer: Tracer = NO_TRACER, http: HttpConfig | None = None,
+                        live: LiveIndex | None = None) -> RunningServer:
     """Build and start a server (port 0 picks a free one). Health is NOT_SERVING until a pipeline is set and
     :meth:`RunningServer.set_serving` is called (``serve`` does both once the index and models are loaded).
     ``metrics``: where to serve ``/metrics`` (None: metrics are kept, not served); ``tracer``: the server spans'
     (the pipeline has its own, normally the same); ``http``: the HTTP door on the same loop and core (when its
-    port is not -1)."""
+    port is not -1). ``pipeline`` and ``live`` (where writes go) given here are attached before the first call
+    can be accepted: a worker beside others on one port is handed connections the moment it listens."""
     limit = config.max_message_mb * 2**20
     server = grpc.aio.server(options=[("grpc.max_send_message_length", limit),
                                       ("grpc.max_receive_message_length", limit),
                                       ("grpc.so_reuseport", 1 if config.reuse_port else 0)])
-    state = ServiceState(pipeline=pipeline, api_keys=dict(api_keys or load_api_keys(config.api_keys_file)),
-                         generation=generation, tracer=tracer)
+    state = ServiceState(api_keys=dict(api_keys or load_api_keys(config.api_keys_file)), generation=generation,
+                         tracer=tracer)
+    if pipeline is not None:
+        state.attach(pipeline, live)
     servicer = RetrieverService(state, config)
     add_service(servicer, server)
     health_servicer = health.aio.HealthServicer()
