@@ -72,6 +72,24 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+MAX_MESSAGE_BYTES = 1000
+
+
+def caller_message(message: str) -> str:
+    """An error's message as both doors send it: cut to 1,000 bytes of UTF-8. gRPC percent-encodes non-ASCII
+    details (up to 3x) and a client refuses trailing metadata over 8-16 KiB, so a message quoting a huge bad value
+    would otherwise arrive as RESOURCE_EXHAUSTED ("metadata size exceeds hard limit") instead of its own code; over
+    HTTP a 16 MiB wrong-typed value was sent back whole in the 400.
+
+    >>> len(caller_message("x" * 5000).encode()), caller_message("ok")
+    (1003, 'ok')
+    """
+    raw = message.encode("utf-8", "replace")
+    if len(raw) <= MAX_MESSAGE_BYTES:
+        return message
+    return raw[:MAX_MESSAGE_BYTES].decode("utf-8", errors="ignore") + "..."
+
+
 class CallerGone(Exception):
     """The caller went away (an HTTP client disconnected): its work was cancelled, nobody reads the answer."""
 

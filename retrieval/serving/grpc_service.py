@@ -39,6 +39,7 @@ from retrieval.serving.core import (  # noqa: F401  (re-exported: the service's 
     Caller,
     ServiceCore,
     ServiceState,
+    caller_message,
     status_for,
     to_response,
 )
@@ -112,23 +113,6 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-MAX_DETAILS_BYTES = 1000
-
-
-def _details(message: str) -> str:
-    """The status message, cut to 1,000 bytes of UTF-8: gRPC percent-encodes non-ASCII details (up to 3x) and a
-    client refuses trailing metadata over 8-16 KiB, so a message quoting a huge bad value would otherwise arrive as
-    RESOURCE_EXHAUSTED ("metadata size exceeds hard limit") instead of its own code.
-
-    >>> len(_details("x" * 5000).encode()), _details("ok")
-    (1003, 'ok')
-    """
-    raw = message.encode("utf-8")
-    if len(raw) <= MAX_DETAILS_BYTES:
-        return message
-    return raw[:MAX_DETAILS_BYTES].decode("utf-8", errors="ignore") + "..."
-
-
 class Undecodable:
     """Stands in for a request whose bytes do not parse (the handler answers INVALID_ARGUMENT with one short log
     line; grpc's own path logs a traceback and answers UNKNOWN)."""
@@ -186,7 +170,7 @@ class RetrieverService(pb_grpc.RetrieverServicer):
         if code == grpc.StatusCode.INTERNAL:
             log.error("request %s failed", request_id, exc_info=exc, extra={"request_id": request_id})
             await context.abort(code, f"internal error (request id {request_id})")
-        await context.abort(code, _details(str(exc)))
+        await context.abort(code, caller_message(str(exc)))
 
     async def _unary(self, method: str, request, context: grpc.aio.ServicerContext, body):
         """One wrapper for every unary handler: request id, decoding check, span and metrics, cancellation log,

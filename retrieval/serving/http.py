@@ -36,7 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from google.protobuf.message import Message
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -44,12 +44,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from index_builder.errors import ConfigError
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import InvalidRequest
-from retrieval.serving.core import Caller, ServiceCore
+from retrieval.serving.core import Caller, ServiceCore, caller_message
 from retrieval.serving.http_common import (
+    ERROR_SCHEMA,
     ERROR_TYPE,
     HttpDoor,
     body_spec,
     error_response,
+    error_spec,
     model_schemas,
     ok_spec,
     parse_json,
@@ -131,10 +133,11 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         status = exc.status_code
+        request_id = uuid.uuid4().hex[:16]
         body = {"error": {"code": status, "status": {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(status, "ERROR"),
-                          "message": f"{request.method} {request.url.path}: {exc.detail}",
-                          "type": ERROR_TYPE.get(status, "error")}}
-        return JSONResponse(body, status_code=status, headers=getattr(exc, "headers", None))
+                          "message": caller_message(f"{request.method} {request.url.path}: {exc.detail}"),
+                          "type": ERROR_TYPE.get(status, "error")}, "request_id": request_id}
+        return JSONResponse(body, status_code=status, headers={**(exc.headers or {}), "x-request-id": request_id})
 
     @app.post("/v1/retrieve", tags=["retrieval"], openapi_extra=body_spec("RetrieveRequest"),
               responses=ok_spec("RetrieveResponse"), summary="Retrieve passages (the gRPC Retrieve)")
@@ -148,7 +151,7 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
               responses={200: {"description": "Server-Sent Events: passages (a RetrieveResponse), token ({text}) "
                                               "..., stats (a GenerateStats), done ({request_id}); error ({error}) "
                                               "when the answer fails after it started",
-                               "content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+                               "content": {"text/event-stream": {"schema": {"type": "string"}}}}, **error_spec()},
               summary="Retrieve, then stream an answer (SSE: passages, token..., stats, done; error on failure)")
     async def generate(request: Request) -> Response:
         return await door.generate(request)
@@ -193,12 +196,15 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["service"], summary="Readiness: the index and models are loaded (503 until then)")
+    @app.get("/readyz", tags=["service"], summary="Readiness: the index and models are loaded (503 until then)",
+             responses={503: {"description": "loading or draining", "content": {"application/json": {
+                 "schema": {"type": "object", "properties": {"status": {"type": "string"}}}}}}})
     async def readyz() -> JSONResponse:
         ready = state.serving and state.pipeline is not None
         return JSONResponse({"status": "ready" if ready else "loading"}, status_code=200 if ready else 503)
 
-    @app.get("/metrics", tags=["service"], summary="Prometheus metrics (the same registry as the metrics port)")
+    @app.get("/metrics", tags=["service"], summary="Prometheus metrics (the same registry as the metrics port)",
+             response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -233,8 +239,12 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
                 pb.DeleteRequest.DESCRIPTOR, pb.DeleteResponse.DESCRIPTOR, pb.RebuildResponse.DESCRIPTOR,
                 pb.IndexStatus.DESCRIPTOR))
             components["schemas"].update(model_schemas(*MODELS))
+            components["schemas"]["Error"] = ERROR_SCHEMA
             components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-            schema["security"] = [{"bearer": []}]
+            for path, operations in schema["paths"].items():  # a key on the API; the probes and pages need none
+                if path.startswith("/v1/"):
+                    for operation in operations.values():
+                        operation["security"] = [{"bearer": []}]
             app.openapi_schema = schema
         return app.openapi_schema
 

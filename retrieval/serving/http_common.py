@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import DeadlineExceeded, InvalidRequest
-from retrieval.serving.core import Caller, CallerGone, ServiceCore, status_for
+from retrieval.serving.core import Caller, CallerGone, ServiceCore, caller_message, status_for
 from retrieval.serving.http_json import load_json
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def error_body(exc: BaseException, request_id: str) -> tuple[int, dict[str, Any]
     """The HTTP status and JSON error of one of our errors (the gRPC door's message; INTERNAL hides the detail)."""
     code = status_for(exc)
     status = exc.http_status if isinstance(exc, TransportRefusal) else HTTP_STATUS.get(code, 500)
-    message = f"internal error (request id {request_id})" if code == grpc.StatusCode.INTERNAL else str(exc)
+    message = f"internal error (request id {request_id})" if code == grpc.StatusCode.INTERNAL else caller_message(str(exc))
     return status, {"error": {"code": status, "status": code.name, "message": message,
                               "type": ERROR_TYPE.get(status, "server_error" if status >= 500 else "error")},
                     "request_id": request_id}
@@ -180,8 +180,14 @@ def _check_fields(data: Any, descriptor: Descriptor, where: str) -> None:
     for key, value in data.items():
         f = known.get(key)
         if f is None:
-            raise InvalidRequest(f"{where}: unknown field {key!r}; known: {[f.name for f in descriptor.fields]}")
-        if f.message_type is not None and not f.message_type.GetOptions().map_entry and value is not None:
+            raise InvalidRequest(f"{where}: unknown field {key!r:.80}; known: {[f.name for f in descriptor.fields]}")
+        if value is None:
+            continue  # proto3 JSON: null is the field's default
+        if f.message_type is None:
+            _check_scalar(f, value, f"{where}.{f.name}")
+        elif f.message_type.GetOptions().map_entry and not isinstance(value, dict):
+            raise InvalidRequest(f"{where}.{f.name} must be an object of strings, got {_json_type(value)}")
+        if f.message_type is not None and not f.message_type.GetOptions().map_entry:
             if f.is_repeated:
                 if not isinstance(value, list):
                     raise InvalidRequest(f"{where}.{f.name} must be a list, got {type(value).__name__}")
@@ -189,6 +195,46 @@ def _check_fields(data: Any, descriptor: Descriptor, where: str) -> None:
                     _check_fields(item, f.message_type, f"{where}.{f.name}[{i}]")
             else:
                 _check_fields(value, f.message_type, f"{where}.{f.name}")
+
+
+_INTEGER_TYPES = frozenset({FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
+                            FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64})
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _check_scalar(f: FieldDescriptor, value: Any, where: str) -> None:
+    """A scalar (or repeated scalar) field's JSON type, said in JSON's words (json_format's messages are Python's:
+    "int() argument must be a string ..."). proto3 JSON also takes integers as decimal strings."""
+    if f.is_repeated:
+        if not isinstance(value, list):
+            raise InvalidRequest(f"{where} must be a list, got {_json_type(value)}")
+        for i, item in enumerate(value):
+            _check_scalar_value(f, item, f"{where}[{i}]")
+    else:
+        _check_scalar_value(f, value, where)
+
+
+def _check_scalar_value(f: FieldDescriptor, value: Any, where: str) -> None:
+    if f.type == FieldDescriptor.TYPE_STRING:
+        ok, want = isinstance(value, str), "a string"
+    elif f.type == FieldDescriptor.TYPE_BOOL:
+        ok, want = isinstance(value, bool), "a boolean"
+    elif f.type in _INTEGER_TYPES:
+        ok = (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer()) or (
+            isinstance(value, str) and value.lstrip("-").isascii() and value.lstrip("-").isdigit() and len(value) <= 20)
+        want = "an integer"
+    elif f.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
+        ok, want = isinstance(value, int | float) and not isinstance(value, bool), "a number"
+    else:
+        return  # enums, bytes: json_format's own checks
+    if not ok:
+        got = _json_type(value) if not isinstance(value, str) else f"the string {value[:40]!r}"
+        raise InvalidRequest(f"{where} must be {want}, got {got}")
 
 
 def parse_dict(data: Any, message_cls: type[Message], what: str) -> Any:
@@ -245,6 +291,25 @@ def proto_schemas(*messages: Descriptor) -> dict[str, dict[str, Any]]:
     return out
 
 
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["code", "status", "message", "type"], "properties": {
+        "code": {"type": "integer"}, "status": {"type": "string"}, "message": {"type": "string"},
+        "type": {"type": "string"}}},
+        "request_id": {"type": "string"}}}
+ERROR_STATUSES = {400: "the request is invalid (the message names the field)", 401: "no valid API key",
+                  403: "the key may not do this, or a browser request from another origin",
+                  408: "the request did not arrive in time", 413: "the body is over http.max_body_mb",
+                  415: "the body is not application/json in UTF-8", 429: "overloaded: retry later",
+                  503: "not ready, or a backend is unavailable", 504: "the deadline passed"}
+
+
+def error_spec() -> dict[int | str, dict[str, Any]]:
+    """The error answers every API route may give, in the service's error shape."""
+    ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    return {status: {"description": what, "content": ref} for status, what in ERROR_STATUSES.items()}
+
+
 def body_spec(name: str, required: bool = True) -> dict[str, Any]:
     return {"requestBody": {"required": required, "content": {
         "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
@@ -267,7 +332,9 @@ def model_schemas(*models: type[BaseModel]) -> dict[str, dict[str, Any]]:
 
 
 def ok_spec(name: str) -> dict[int | str, dict[str, Any]]:
-    return {200: {"description": "OK", "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+    """A route's answers: ``name`` on 200, the service's errors otherwise."""
+    return {200: {"description": "OK", "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}},
+            **error_spec()}
 
 
 # ---------------------------------------------------------------------- transport helpers

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,15 +39,20 @@ class ConnectionTimeouts:
     send_timeout_s: float = 30.0
 
 
-def _timeout_response() -> bytes:
-    body = json.dumps({"error": {"code": 408, "status": "DEADLINE_EXCEEDED", "type": "invalid_request_error",
-                                 "message": "the request did not arrive in time (http.header_timeout_s / "
-                                            "http.body_timeout_s and http.body_min_rate)"}}).encode()
-    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+def raw_error(status: int, reason: str, grpc_status: str, message: str) -> bytes:
+    """A whole HTTP/1.1 answer in the service's error shape (``connection: close``), for what the protocol answers
+    itself, before any route runs."""
+    request_id = uuid.uuid4().hex[:16]
+    body = json.dumps({"error": {"code": status, "status": grpc_status, "type": "invalid_request_error",
+                                 "message": message}, "request_id": request_id}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            f"x-request-id: {request_id}\r\nx-content-type-options: nosniff\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
 
 
-TIMEOUT_RESPONSE = _timeout_response()
+def timeout_response() -> bytes:
+    return raw_error(408, "Request Timeout", "DEADLINE_EXCEEDED", "the request did not arrive in time "
+                     "(http.header_timeout_s; the body: http.body_timeout_s and http.body_min_rate)")
 
 
 def protocol_class(timeouts: ConnectionTimeouts) -> type[HttpToolsProtocol]:
@@ -76,7 +82,14 @@ def protocol_class(timeouts: ConnectionTimeouts) -> type[HttpToolsProtocol]:
                 return
             cycle = self.cycle
             if self._in_request and (cycle is None or not cycle.response_started or cycle.response_complete):
-                self.transport.write(TIMEOUT_RESPONSE)
+                self.transport.write(timeout_response())
+            self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to bytes that are not HTTP (a bad request line, chunk size or content-length), in
+            the service's error shape rather than its text/plain one."""
+            self._disarm()
+            self.transport.write(raw_error(400, "Bad Request", "INVALID_ARGUMENT", f"not a valid HTTP request: {msg}"))
             self.transport.close()
 
         # ----------------------------------------------------------- the parser's steps

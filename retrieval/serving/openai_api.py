@@ -36,6 +36,7 @@ from retrieval.serving.http_common import (
     HttpDoor,
     error_body,
     error_response,
+    error_spec,
     model_spec,
     parse_dict,
     parse_model,
@@ -156,11 +157,11 @@ def _usage(stats: pb.GenerateStats) -> dict[str, int]:
 def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
     core = door.core
 
-    @app.get("/v1/models", tags=["openai"], summary="The models (OpenAI list)")
+    @app.get("/v1/models", tags=["openai"], summary="The models (OpenAI list)", responses=error_spec())
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "hybridrag"}]}
 
-    @app.post("/v1/chat/completions", tags=["openai"], openapi_extra=model_spec(ChatRequest),
+    @app.post("/v1/chat/completions", tags=["openai"], openapi_extra=model_spec(ChatRequest), responses=error_spec(),
               summary="Retrieval-augmented chat completion (OpenAI-compatible; stream = SSE chunks)")
     async def chat(request: Request) -> Response:
         request_id = uuid.uuid4().hex[:16]
@@ -238,7 +239,7 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
                           "ignored": ignored}},
             headers={"x-request-id": request_id})
 
-    @app.post("/v1/embeddings", tags=["openai"], openapi_extra=model_spec(EmbeddingsRequest),
+    @app.post("/v1/embeddings", tags=["openai"], openapi_extra=model_spec(EmbeddingsRequest), responses=error_spec(),
               summary="Embeddings of the configured embedder (OpenAI-compatible)")
     async def embeddings(request: Request) -> Response:
         async def work(caller: Any, request_id: str) -> tuple[np.ndarray, EmbeddingsRequest, list[str]]:
@@ -255,7 +256,7 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
         return await door.unary(request, "Embeddings", work,
                                 lambda result, rid: _embedding_list(result[0], result[1], result[2], core))
 
-    @app.post("/v1/rerank", tags=["openai"], openapi_extra=model_spec(RerankRequest),
+    @app.post("/v1/rerank", tags=["openai"], openapi_extra=model_spec(RerankRequest), responses=error_spec(),
               summary="Score documents for a query with a reranking stage (Cohere-style)")
     async def rerank(request: Request) -> Response:
         async def work(caller: Any, request_id: str) -> tuple[str, np.ndarray, RerankRequest, list[str]]:

@@ -86,7 +86,9 @@ def test_the_written_out_json_of_retrieve_is_json_formats(any_pipeline, sample_q
     ({"query": "bees", "filters": {"": "x"}}, 400, "metadata filter keys must be non-empty"),
     ({"query": "bees", "topk": 3}, 400, "unknown field 'topk'; known: ['query', 'top_k'"),
     ({"query": "bees", "options": {"li_topk": 3}}, 400, "RetrieveRequest.options: unknown field 'li_topk'"),
-    ({"query": "bees", "top_k": "many"}, 400, "Failed to parse top_k field"),
+    ({"query": "bees", "top_k": "many"}, 400, "RetrieveRequest.top_k must be an integer, got the string 'many'"),
+    ({"query": "bees", "top_k": [1]}, 400, "RetrieveRequest.top_k must be an integer, got a list"),
+    ({"query": 7}, 400, "RetrieveRequest.query must be a string, got an integer"),
     (["bees"], 400, "RetrieveRequest must be a JSON object, got list"),
     ({"query": "x" * 40_000}, 400, "at most 32768 are allowed"),
 ])
