@@ -7,9 +7,10 @@ possessive removal, lowercasing, Lucene's 33 English stopwords, Porter-family st
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import Stemmer
+
+from index_builder.settings import AnalyzerConfig  # noqa: F401  (re-exported)
 
 # Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET.
 LUCENE_ENGLISH_STOPWORDS = frozenset(
@@ -21,26 +22,11 @@ LUCENE_ENGLISH_STOPWORDS = frozenset(
 _TOKEN_RE = re.compile(r"[^\W_]+(?:['’.][^\W_]+)*")
 
 
-@dataclass(frozen=True)
-class AnalyzerConfig:
-    """``stemmer``: a PyStemmer algorithm ("porter", "english" = Porter2, ...) or "none"."""
-
-    stemmer: str = "porter"
-    stopwords: str = "lucene"  # "lucene" or "none"
-    lowercase: bool = True
-
-    def __post_init__(self) -> None:
-        if self.stemmer != "none" and self.stemmer not in Stemmer.algorithms():
-            raise ValueError(f"unknown stemmer {self.stemmer!r}; choose 'none' or one of {Stemmer.algorithms()}")
-        if self.stopwords not in ("lucene", "none"):
-            raise ValueError(f"unknown stopwords {self.stopwords!r}; choose 'lucene' or 'none'")
-
-
 class Analyzer:
     """Turns text into BM25 terms. Thread-safe: each call builds its own stemmer state via PyStemmer's cache."""
 
-    def __init__(self, config: AnalyzerConfig = AnalyzerConfig()) -> None:
-        self.config = config
+    def __init__(self, config: AnalyzerConfig | None = None) -> None:
+        self.config = config = config if config is not None else AnalyzerConfig()
         self._stop = LUCENE_ENGLISH_STOPWORDS if config.stopwords == "lucene" else frozenset()
 
     def _terms(self, text: str) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,51 +16,15 @@ import bm25s
 import faiss
 import numpy as np
 
-from index_builder.analysis import Analyzer, AnalyzerConfig
-from index_builder.chunking import ChunkConfig, Chunker, chunk_passage
-from index_builder.models import Embedder, EmbedderConfig
+from index_builder.analysis import Analyzer
+from index_builder.chunking import Chunker, chunk_passage
+from index_builder.models import Embedder
+from index_builder.settings import BM25Config, BuildConfig, HNSWConfig  # noqa: F401  (re-exported)
 from index_builder.snapshot import SnapshotParts, load_snapshot, write_snapshot
-from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenEncoderConfig, TokenStore, make_token_encoder
+from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore, make_token_encoder
 from index_builder.types import Document
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BM25Config:
-    """Lucene BM25 parameters; the defaults are Pyserini's for BEIR (k1=0.9, b=0.4)."""
-
-    k1: float = 0.9
-    b: float = 0.4
-
-    def __post_init__(self) -> None:
-        if not (0 <= self.k1 <= 10 and 0 <= self.b <= 1):
-            raise ValueError(f"bm25 needs 0 <= k1 <= 10 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
-
-
-@dataclass(frozen=True)
-class HNSWConfig:
-    """faiss HNSW build parameters (efSearch is a query-time setting: see retrieval's DenseConfig)."""
-
-    m: int = 32
-    ef_construction: int = 200
-
-    def __post_init__(self) -> None:
-        if not (4 <= self.m <= 128 and self.ef_construction >= self.m):
-            raise ValueError(f"hnsw needs 4 <= m <= 128 and ef_construction >= m, got m={self.m}, "
-                             f"ef_construction={self.ef_construction}")
-
-
-@dataclass(frozen=True)
-class BuildConfig:
-    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
-    chunking: ChunkConfig = field(default_factory=ChunkConfig)
-    analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
-    bm25: BM25Config = field(default_factory=BM25Config)
-    hnsw: HNSWConfig = field(default_factory=HNSWConfig)
-    token_vectors: bool = True  # store per-token vectors for the late-interaction stage
-    token_encoder: TokenEncoderConfig = field(default_factory=TokenEncoderConfig)
-    keep_snapshots: int = 3  # generations kept on disk after a build (0 keeps all)
 
 
 @dataclass

@@ -7,35 +7,16 @@ document no longer than one window is a single chunk holding its whole text.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from index_builder.settings import ChunkConfig  # noqa: F401  (re-exported)
 from index_builder.types import Document
 
 MAX_SNAP = 16  # word pieces a window may grow or shift to reach a word boundary (URLs, unspaced scripts)
 CHUNK_DTYPE = np.dtype([("doc", np.int32), ("start", np.int32), ("end", np.int32)])
-
-
-@dataclass(frozen=True)
-class ChunkConfig:
-    """``max_tokens``: word pieces of document text per chunk (the title is prepended on top);
-    ``overlap``: word pieces shared by consecutive chunks; ``max_chunks_per_doc``: keep only a document's first
-    N chunks (0 = all; 1 = truncate, as BEIR's published dense figures do), capping the cost of huge documents."""
-
-    max_tokens: int = 224
-    overlap: int = 48
-    max_chunks_per_doc: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 16:
-            raise ValueError(f"chunk max_tokens must be >= 16, got {self.max_tokens}")
-        if not 0 <= self.overlap < self.max_tokens // 2 + 1:
-            raise ValueError(f"chunk overlap must be in [0, {self.max_tokens // 2}], got {self.overlap}")
-        if self.max_chunks_per_doc < 0:
-            raise ValueError(f"max_chunks_per_doc must be >= 0 (0 = all), got {self.max_chunks_per_doc}")
 
 
 def chunk_passage(title: str, text: str) -> str:
@@ -44,8 +25,8 @@ def chunk_passage(title: str, text: str) -> str:
 
 
 class Chunker:
-    def __init__(self, tokenizer_path: Path, config: ChunkConfig = ChunkConfig()) -> None:
-        self.config = config
+    def __init__(self, tokenizer_path: Path, config: ChunkConfig | None = None) -> None:
+        self.config = config = config if config is not None else ChunkConfig()
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()

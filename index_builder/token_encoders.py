@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,33 +30,8 @@ from tqdm.auto import tqdm
 
 from index_builder.errors import ModelError
 from index_builder.models import Embedder, ModelFiles, resolve_model
-from index_builder.onnx_runner import Batch, OnnxModel, RuntimeConfig
-
-STORAGES = ("float16", "int8")
-
-
-@dataclass(frozen=True)
-class TokenEncoderConfig:
-    """The late-interaction token model and its storage.
-
-    ``model``: "" = the embedder's own token vectors; else a ColBERT ONNX folder (or Hugging Face id) with
-    ``colbert_config.json``. ``query_maxlen`` / ``doc_maxlen``: 0 takes the model's own settings.
-    """
-
-    model: str = ""
-    storage: str = "int8"
-    batch_size: int = 32
-    query_maxlen: int = 0
-    doc_maxlen: int = 0
-    hf_offline: bool = False
-    cache_dir: str = ""
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-
-    def __post_init__(self) -> None:
-        if self.storage not in STORAGES:
-            raise ValueError(f"storage must be one of {list(STORAGES)}, got {self.storage!r}")
-        if self.batch_size < 1 or self.query_maxlen < 0 or self.doc_maxlen < 0:
-            raise ValueError("batch_size must be >= 1 and query_maxlen/doc_maxlen >= 0 (0 = the model's own)")
+from index_builder.onnx_runner import Batch, OnnxModel
+from index_builder.settings import STORAGES, RuntimeConfig, TokenEncoderConfig  # noqa: F401  (re-exported)
 
 
 class TokenEncoder(Protocol):

@@ -1,7 +1,7 @@
 """hybridrag's service: search, the live index, generation, the front doors. The names most callers need are
 importable from here (loaded on first use, so ``import retrieval.errors`` stays cheap)::
 
-    from retrieval import Filter, Pipeline, RetrieverClient, SearchRequest, load_config
+    from retrieval import Filter, RetrieverClient, SearchRequest, load_config, open_pipeline
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "load_config": "retrieval.config", "AppConfig": "retrieval.config",
-    "Pipeline": "retrieval.search.pipeline", "SearchResult": "retrieval.search.pipeline",
+    "load_config": "retrieval.config", "AppConfig": "retrieval.config", "open_pipeline": "retrieval.app",
+    "Pipeline": "retrieval.search.pipeline", "SearchResult": "retrieval.search.results",
     "SearchRequest": "retrieval.search.request", "Filter": "retrieval.search.filters",
     "SearchIndex": "retrieval.search.index", "IndexView": "retrieval.search.view",
     "LiveIndex": "retrieval.live.live_index", "DocumentStore": "retrieval.live.store",
     "RetrieverClient": "retrieval.serving.client", "AsyncRetrieverClient": "retrieval.serving.client",
-    "BackgroundServer": "retrieval.serving.grpc_service",
+    "BackgroundServer": "retrieval.serving.server",
 }
 __all__ = sorted(_EXPORTS)
 

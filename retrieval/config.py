@@ -18,30 +18,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from index_builder.analysis import AnalyzerConfig
-from index_builder.build import BM25Config, BuildConfig, HNSWConfig
-from index_builder.chunking import ChunkConfig
-from index_builder.errors import ConfigError
-from index_builder.models import CrossEncoderConfig, EmbedderConfig
-from index_builder.token_encoders import TokenEncoderConfig
-from retrieval.engines.backend import EngineConfig
-from retrieval.generation.backend import GenerationConfig
-from retrieval.live.live_index import LiveConfig
-from retrieval.observability.tracing import TracingConfig
-from retrieval.search.dense import DenseConfig
-from retrieval.search.fusion import FusionConfig
-from retrieval.search.index import IndexConfig
-from retrieval.search.model_calls import BatchingConfig
-from retrieval.search.pipeline import FirstStageConfig, RerankConfig
-from retrieval.search.semantic_cache import SemanticCacheConfig
-from retrieval.serving.front import FrontConfig
-from retrieval.serving.grpc_service import ServerConfig
-from retrieval.serving.http import HttpConfig
-from retrieval.serving.metrics import MetricsConfig
+from index_builder.settings import (
+    AnalyzerConfig,
+    BM25Config,
+    BuildConfig,
+    ChunkConfig,
+    ConfigError,
+    CrossEncoderConfig,
+    EmbedderConfig,
+    HNSWConfig,
+    TokenEncoderConfig,
+)
+from retrieval.engines.settings import EngineConfig
+from retrieval.generation.settings import GenerationConfig
+from retrieval.live.settings import LiveConfig
+from retrieval.observability.settings import TracingConfig
+from retrieval.search.settings import (
+    BatchingConfig,
+    DenseConfig,
+    FirstStageConfig,
+    FusionConfig,
+    IndexConfig,
+    RerankConfig,
+    SemanticCacheConfig,
+)
+from retrieval.serving.settings import FrontConfig, HttpConfig, MetricsConfig, ServerConfig
 
 ENV_PREFIX = "HYBRIDRAG_"
-# Each component defines its own config section beside its code; this module assembles them (and re-exports them
-# for callers that build one by hand).
+# Each room defines its own config sections in its settings module (``<room>/settings.py``: dataclasses and their
+# checks, nothing heavier), and this module imports only those (scripts/import_graph.py checks it), so that loading
+# a configuration imports no model runtime, index library or server. It assembles them (and re-exports some for
+# callers that build one by hand).
 __all__ = ["AppConfig", "BatchingConfig", "BuildOptions", "DenseConfig", "FirstStageConfig", "FusionConfig",
            "HttpConfig", "IndexConfig", "LiveConfig", "RerankConfig", "ServerConfig", "load_config"]
 

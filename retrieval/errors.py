@@ -1,5 +1,5 @@
 """The service's errors: what a request or a backend can cause. Each front door maps each class to one status
-code in one function (gRPC: ``retrieval.serving.grpc_service.status_for``), so messages must name the bad value
+code in one function (``retrieval.serving.core.status_for``, for both doors), so messages must name the bad value
 and say what is allowed."""
 
 from __future__ import annotations

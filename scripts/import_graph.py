@@ -1,9 +1,19 @@
 """The import graph of the project's packages, checked against the layering rules (docs/architecture.md).
 
 ``python scripts/import_graph.py`` prints the package-level graph (edges with how many imports make them) and
-exits 1 on an upward import or a cycle between modules; ``--dot`` prints Graphviz instead. Imports under
-``if TYPE_CHECKING:`` are type-only and skipped; imports inside functions count (they are real dependencies).
-tests/test_layering.py runs the same check in CI.
+exits 1 on an upward import, a cycle between modules, a door importing another door, or a configuration import
+that is not a settings module; ``--dot`` prints Graphviz instead. Imports under ``if TYPE_CHECKING:`` are
+type-only and skipped; imports inside functions count (they are real dependencies). tests/test_layering.py runs
+the same check in CI.
+
+Two rules inside the packages:
+
+- **Doors are siblings.** A door is a way into the service (:data:`DOORS`: gRPC, HTTP, the nginx front); a door
+  module never imports another door's modules. Doors share the core (``retrieval/serving/core.py``) and the other
+  serving modules; ``retrieval/serving/server.py`` starts them side by side.
+- **Configuration loads settings only.** ``retrieval/config.py`` imports only *settings modules*: a module named
+  ``settings`` (``<package>/settings.py``) holds a room's configuration dataclasses and their checks and imports no
+  model runtime, index library or server, so that loading a configuration costs milliseconds.
 """
 
 from __future__ import annotations
@@ -38,6 +48,26 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"index_builder", "rerank", "retrieval", "training"},
     "hybridrag": {"index_builder", "rerank", "retrieval", "training", "bench"},
 }
+
+
+# The doors, each one a set of modules (the HTTP door's parts may import each other: they are one door).
+DOORS: dict[str, frozenset[str]] = {
+    "grpc": frozenset({"retrieval.serving.grpc_service"}),
+    "http": frozenset({"retrieval.serving.http", "retrieval.serving.http_common", "retrieval.serving.http_guard",
+                       "retrieval.serving.http_json", "retrieval.serving.http_timeouts", "retrieval.serving.openai_api"}),
+    "front": frozenset({"retrieval.serving.front"}),
+}
+CONFIG = "retrieval.config"  # assembles the settings modules into AppConfig
+
+
+def door(module: str) -> str | None:
+    """The door ``module`` belongs to, or None."""
+    return next((name for name, modules in DOORS.items() if module in modules), None)
+
+
+def is_settings(module: str) -> bool:
+    """A settings module: ``<package>.settings`` (configuration dataclasses and their checks only)."""
+    return module.rsplit(".", 1)[-1] == "settings"
 
 
 def module_name(path: Path) -> str:
@@ -105,6 +135,25 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
     return out
 
 
+def door_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Imports from one door's modules into another's (doors are siblings over the core)."""
+    out = []
+    for mod, targets in sorted(edges.items()):
+        a = door(mod)
+        for t in sorted(targets):
+            b = door(t)
+            if a is not None and b is not None and a != b:
+                out.append(f"door imports door: {mod} -> {t} (the {a} door may not import the {b} door; both "
+                           "import the core)")
+    return out
+
+
+def config_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Imports of ``retrieval/config.py`` that are not settings modules."""
+    return [f"config imports a non-settings module: {CONFIG} -> {t} (move the section it needs into a "
+            f"settings module)" for t in sorted(edges.get(CONFIG, ())) if not is_settings(t)]
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan), excluding package __init__ re-exports."""
     index: dict[str, int] = {}
@@ -159,14 +208,15 @@ def main(argv: list[str]) -> int:
     else:
         for (a, b), n in sorted(pkg.items()):
             print(f"{a:24} -> {b:24} {n}")
-    bad = violations(edges)
+    bad = violations(edges) + door_violations(edges) + config_violations(edges)
     loops = cycles(edges)
     for line in bad:
         print(line, file=sys.stderr)
     for comp in loops:
         print("cycle: " + " <-> ".join(comp), file=sys.stderr)
-    print(f"{sum(len(t) for t in edges.values())} module imports, {len(bad)} upward, {len(loops)} cycles",
-          file=sys.stderr)
+    print(f"{sum(len(t) for t in edges.values())} module imports, {len(violations(edges))} upward, "
+          f"{len(door_violations(edges))} between doors, {len(config_violations(edges))} from config to "
+          f"non-settings modules, {len(loops)} cycles", file=sys.stderr)
     return 1 if bad or loops else 0
 
 

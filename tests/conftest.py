@@ -13,7 +13,7 @@ from index_builder.corpus import read_corpus
 from index_builder.models import Embedder
 from retrieval.app import open_index
 from retrieval.config import AppConfig, load_config
-from retrieval.engines.backend import EngineConfig
+from retrieval.engines.settings import EngineConfig
 from retrieval.evaluate import load_qrels, load_queries
 from retrieval.live.store import DocumentStore
 from retrieval.search.index import SearchIndex

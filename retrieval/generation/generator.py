@@ -31,9 +31,9 @@ from retrieval.generation.backend import BackendConfig, ChatBackend, GenerationC
 from retrieval.generation.embedded import EmbeddedLLMServer, llama_server_available
 from retrieval.generation.prompt import ContextPassage, HeuristicCounter, TokenCounter, build_prompt, make_counter
 from retrieval.search.cache_check import InvalidEntry, check_result, expect
-from retrieval.search.pipeline import Pipeline, SearchResult
+from retrieval.search.pipeline import Pipeline, ResultCache
 from retrieval.search.request import SearchRequest
-from retrieval.search.semantic_cache import SemanticCache
+from retrieval.search.results import SearchResult
 from retrieval.search.shared_cache import register_codec, result_from_dict, result_to_dict
 from retrieval.search.view import IndexView
 
@@ -114,7 +114,7 @@ class Generator:
     """
 
     def __init__(self, pipeline: Pipeline, config: GenerationConfig, backends: dict[str, ChatBackend],
-                 counter: TokenCounter, cache: SemanticCache | None = None,
+                 counter: TokenCounter, cache: ResultCache | None = None,
                  ready: Callable[[], Awaitable[None]] | None = None) -> None:
         if config.routing.enabled and set(backends) != {"small", "large"}:
             raise ValueError("routing needs a 'small' and a 'large' backend")
@@ -123,7 +123,7 @@ class Generator:
         self.backends = backends
         self.counter = counter
         self.cache = cache if config.cache_answers else None
-        if getattr(self.cache, "shared", False):  # a shared (Redis) cache keeps answers as JSON too
+        if self.cache is not None and self.cache.shared:  # a shared (Redis) cache keeps answers as JSON too
             register_codec("answer", _CachedAnswer, _answer_to_dict, _answer_from_dict)
         self._ready = ready
         self._prompt_id = hashlib.sha256(config.system_prompt.encode()).hexdigest()[:12]
@@ -278,7 +278,7 @@ class GeneratorSetup:
             await asyncio.get_running_loop().run_in_executor(None, self.embedded.stop)
 
 
-def open_generator(pipeline: Pipeline, config: GenerationConfig, cache: SemanticCache | None = None) -> GeneratorSetup:
+def open_generator(pipeline: Pipeline, config: GenerationConfig, cache: ResultCache | None = None) -> GeneratorSetup:
     """The configured backends; a backend without a URL is the embedded llama.cpp server (one for all such
     backends), which is created here but started by :meth:`_EmbeddedStarter.kick` / on the first call."""
     embedded: EmbeddedLLMServer | None = None

@@ -19,12 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from index_builder.errors import ConfigError
-
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a careful research assistant. Answer the question using only the numbered context passages. "
-    "Cite the passages you use like [1] or [2]. If the passages do not contain the answer, say that you do not know. "
-    "Be concise: answer in at most three sentences."
-)
+from retrieval.generation.settings import DEFAULT_SYSTEM_PROMPT
 
 
 class TokenCounter(Protocol):

@@ -32,12 +32,12 @@ keeps the per-query loops over segments short, and each buffered row is copied O
 amortised). The arrays that combine the snapshot and the buffer (``chunk_doc``, ``starts``, the visibility masks)
 are computed lazily, once per view, when a query first needs them: a write never pays for them.
 
-Writes: the batch size (``store.MAX_BATCH``), its bytes (:data:`MAX_BATCH_BYTES`), the caller's deadline, each
-document, and room in the buffer (``live.max_buffered_docs``) are checked *before* any work; then the documents are
-chunked and encoded *outside* the writer lock (the slow part runs in parallel and a failure writes nothing), then,
-under the lock, the deadline is checked again, the batch written to the store (durable on return) and appended to
-a new buffer state, which is then published: acknowledged means durable and visible. A write whose deadline passed
-before the commit is not applied (DeadlineExceeded, nothing written).
+Writes: the batch size, its bytes, the caller's deadline and each document (:func:`retrieval.live.store.validate_batch`,
+the engine's writer's check too), and room in the buffer (``live.max_buffered_docs``) are checked *before* any
+work; then the documents are chunked and encoded *outside* the writer lock (the slow part runs in parallel and a
+failure writes nothing), then, under the lock, the deadline is checked again, the batch written to the store
+(durable on return) and appended to a new buffer state, which is then published: acknowledged means durable and
+visible. A write whose deadline passed before the commit is not applied (DeadlineExceeded, nothing written).
 
 Memory between rebuilds is bounded: an upsert that would push the buffered documents past
 ``live.max_buffered_docs`` is refused at once with Overloaded (RESOURCE_EXHAUSTED) and the background rebuild is
@@ -52,7 +52,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -63,84 +63,17 @@ from index_builder.chunking import ChunkConfig, Chunker
 from index_builder.models import Embedder, EmbedderConfig
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenEncoderConfig, TokenStore
 from index_builder.types import Document, Hits
-from rerank.late_interaction import Reordering, head_scores, rerank_head
+from rerank.late_interaction import LateInteractionReranker, Reordering, head_scores, rerank_head
 from rerank.maxsim import token_maxsims
-from retrieval.errors import DeadlineExceeded, InvalidRequest, Overloaded
+from retrieval.errors import InvalidRequest, Overloaded
 from retrieval.live.buffer import BufferState, Encoded, build_postings
-from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, DocumentStore, WriteResult, validate_document
+from retrieval.live.settings import LiveConfig  # noqa: F401  (re-exported: its section)
+from retrieval.live.store import MAX_BATCH, DocumentStore, WriteResult, check_deadline, validate_batch
 from retrieval.search.aggregate import top_docs_from_chunk_scores
 from retrieval.search.filters import Filter
 from retrieval.search.index import IndexSettings, SearchIndex
 
 log = logging.getLogger(__name__)
-
-# MAX_BATCH_BYTES (retrieval.live.store): title + text + metadata (UTF-8) of one upsert batch, checked before anything is
-# encoded: the encoders' work grows with the text, and 1,000 documents of up to 1M characters each would be
-# gigabytes of model input.
-
-
-@dataclass(frozen=True)
-class LiveConfig:
-    """Background rebuilds of the live index: when this many writes are buffered, or the oldest buffered write
-    is this old (0 = never by that rule); checked every ``check_interval_s``."""
-
-    rebuild_after_writes: int = 1000
-    rebuild_after_s: float = 600.0
-    check_interval_s: float = 1.0
-    # ONNX threads of the rebuild's own encoder: fewer than the cores leaves the rest to the queries being served
-    # while a rebuild runs (0 = the serving encoder's setting). bench/live.py measures the effect.
-    rebuild_threads: int = 1
-    # Nice value of the rebuild thread (Linux: per thread): the scheduler gives the rebuild the CPU the queries
-    # leave over, so serving latency stays steady (bench/live.py measures it). 0 = normal priority.
-    rebuild_nice: int = 19
-    # The write buffer's bound between rebuilds (live documents): an upsert that would pass it is refused at once
-    # (RESOURCE_EXHAUSTED, "write buffer full") and starts the rebuild. 20 x rebuild_after_writes, so it binds only
-    # when rebuilds cannot keep up. A buffered document holds ~46 KB (sample corpus, mostly int8 token vectors;
-    # bench/write_load.py), ~0.9 GB at the bound, more for long documents (~90 KB per full 224-token chunk).
-    max_buffered_docs: int = 20_000
-
-    def __post_init__(self) -> None:
-        if self.rebuild_after_writes < 0 or self.rebuild_after_s < 0 or self.check_interval_s <= 0 \
-                or self.rebuild_threads < 0 or not 0 <= self.rebuild_nice <= 19 or self.max_buffered_docs < 1:
-            raise ValueError("live needs rebuild_after_writes >= 0, rebuild_after_s >= 0, check_interval_s > 0, "
-                             "rebuild_threads >= 0, 0 <= rebuild_nice <= 19, max_buffered_docs >= 1")
-
-
-def _doc_bytes(d: Document) -> int:
-    def n(s: str) -> int:
-        return len(s.encode("utf-8", "surrogatepass"))
-    return n(d.title) + n(d.text) + sum(n(k) + n(v) for k, v in d.metadata.items())
-
-
-def check_deadline(deadline: float | None, when: str) -> None:
-    if deadline is not None and time.monotonic() >= deadline:
-        raise DeadlineExceeded(f"the write's deadline passed {when}; nothing was written")
-
-
-def validate_batch(documents: Sequence[Document | Mapping[str, Any]], deadline: float | None) -> list[Document]:
-    """An upsert batch checked before any work, in this order: not empty, at most ``MAX_BATCH`` documents, the
-    deadline, each document, the batch's bytes, no id twice. Every writer (this live index, an engine's) calls it."""
-    n = len(documents)
-    if not n:
-        raise InvalidRequest("an upsert needs at least one document")
-    if n > MAX_BATCH:
-        raise InvalidRequest(f"{n} documents in one upsert; at most {MAX_BATCH} are allowed")
-    check_deadline(deadline, "before it started")
-    docs: list[Document] = []
-    total = 0
-    seen: set[str] = set()
-    for i, d in enumerate(documents):
-        doc = validate_document(d, i)
-        total += _doc_bytes(doc)
-        if total > MAX_BATCH_BYTES:
-            raise InvalidRequest(f"the batch's documents hold more than {MAX_BATCH_BYTES} bytes of title, text "
-                                 f"and metadata (at document {i}); split it into smaller batches")
-        if doc.id in seen:  # the store refuses it too, but only after the encoding
-            raise InvalidRequest(f"document {i} ({doc.id!r}): the id appears twice in this batch")
-        seen.add(doc.id)
-        docs.append(doc)
-    return docs
-
 
 class _Concat(Sequence[Document]):
     """Two sequences seen as one, without copying (the snapshot's documents, then the buffer's)."""
@@ -177,6 +110,7 @@ class LiveView:
     a query first reads them (pure, so two threads racing on one compute the same value)."""
 
     in_process = True  # in-memory searches (see SearchIndex.in_process)
+    backend = "local snapshot"  # what serves it (GetIndexStatus.backend)
 
     def __init__(self, base: SearchIndex, state: BufferState, storage: str | None = None) -> None:
         self.base = base
@@ -316,6 +250,21 @@ class _LiveDense:
 class _LiveLate:
     def __init__(self, view: LiveView) -> None:
         self.view = view
+
+    def token_sims(self, query_tokens: np.ndarray, chunk: int) -> np.ndarray | None:
+        """Every stored token of ``chunk`` (the snapshot's or a buffered one) against every query token: float32
+        [t, q] (the cross-encoder's windows)."""
+        v = self.view
+        late = v.base.late
+        assert late is not None
+        if chunk < v.n_base_chunks:
+            return late.token_sims(query_tokens, chunk)
+        st = v.state
+        local = chunk - v.n_base_chunks
+        offsets = np.asarray(st.chunk_offsets, np.int64)
+        j = int(np.searchsorted(offsets, local, side="right") - 1)
+        return LateInteractionReranker(st.segments[j].tokens.vectors, st.segments[j].tokens.offsets,
+                                       st.segments[j].tokens.scales).token_sims(query_tokens, int(local - offsets[j]))
 
     def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0,
                score: str = "maxsim") -> Reordering:

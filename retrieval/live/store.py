@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 
 from index_builder.corpus import parse_document
 from index_builder.types import Document
-from retrieval.errors import InvalidRequest, PermissionDenied
+from retrieval.errors import DeadlineExceeded, InvalidRequest, PermissionDenied
 
 MAX_BATCH = 1000
 # Bytes of one write batch (the serialised request): checked at the edge before any work. The gRPC message
@@ -90,6 +91,44 @@ def validate_document(obj: Document | Mapping[str, Any], position: int) -> Docum
     if len(doc.metadata) > MAX_METADATA_KEYS:
         raise InvalidRequest(f"{name}: {len(doc.metadata)} metadata keys; at most {MAX_METADATA_KEYS} are allowed")
     return doc  # tenant, metadata keys and values were checked by parse_document (index_builder.corpus)
+
+
+def _doc_bytes(d: Document) -> int:
+    def n(s: str) -> int:
+        return len(s.encode("utf-8", "surrogatepass"))
+    return n(d.title) + n(d.text) + sum(n(k) + n(v) for k, v in d.metadata.items())
+
+
+def check_deadline(deadline: float | None, when: str) -> None:
+    if deadline is not None and time.monotonic() >= deadline:
+        raise DeadlineExceeded(f"the write's deadline passed {when}; nothing was written")
+
+
+def validate_batch(documents: Sequence[Document | Mapping[str, Any]], deadline: float | None) -> list[Document]:
+    """An upsert batch checked before any work, in this order: not empty, at most ``MAX_BATCH`` documents, the
+    deadline, each document, the batch's bytes, no id twice. Every writer (the live index, the engine's) calls it:
+    the encoders' work grows with the text, and 1,000 documents of up to 1M characters each would be gigabytes of
+    model input."""
+    n = len(documents)
+    if not n:
+        raise InvalidRequest("an upsert needs at least one document")
+    if n > MAX_BATCH:
+        raise InvalidRequest(f"{n} documents in one upsert; at most {MAX_BATCH} are allowed")
+    check_deadline(deadline, "before it started")
+    docs: list[Document] = []
+    total = 0
+    seen: set[str] = set()
+    for i, d in enumerate(documents):
+        doc = validate_document(d, i)
+        total += _doc_bytes(doc)
+        if total > MAX_BATCH_BYTES:
+            raise InvalidRequest(f"the batch's documents hold more than {MAX_BATCH_BYTES} bytes of title, text "
+                                 f"and metadata (at document {i}); split it into smaller batches")
+        if doc.id in seen:  # the store refuses it too, but only after the encoding
+            raise InvalidRequest(f"document {i} ({doc.id!r}): the id appears twice in this batch")
+        seen.add(doc.id)
+        docs.append(doc)
+    return docs
 
 
 def _row_to_document(row: sqlite3.Row | tuple) -> Document:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -36,23 +35,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from index_builder.errors import ConfigError
+from retrieval.observability.settings import TracingConfig  # noqa: F401  (re-exported: its section)
 
-EXPORTERS = ("none", "console", "otlp")
 NO_TRACER: Tracer = trace.NoOpTracer()
-
-
-@dataclass(frozen=True)
-class TracingConfig:
-    exporter: str = "none"
-    otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"
-    service_name: str = "hybridrag"
-    sample_ratio: float = 1.0  # parent-based: a request's stages follow its sampling decision
-
-    def __post_init__(self) -> None:
-        if self.exporter not in EXPORTERS:
-            raise ValueError(f"tracing.exporter must be one of {list(EXPORTERS)}, got {self.exporter!r}")
-        if not 0.0 <= self.sample_ratio <= 1.0:
-            raise ValueError(f"tracing.sample_ratio must be in [0, 1], got {self.sample_ratio}")
 
 
 class Tracing:

@@ -46,6 +46,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from retrieval.search.settings import BatcherConfig  # noqa: F401  (its section lives with the search settings)
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -54,36 +56,7 @@ R = TypeVar("R")
 CLOSED_MESSAGE = "batcher closed"
 
 
-@dataclass(frozen=True)
-class BatcherConfig:
-    """Dynamic batching for one model role.
 
-    ``max_batch_size``: most items per call of the batch function, [1, 1024].
-    ``max_wait_ms``: longest a batch is held open for more items after its first item was submitted, [0, 1000]
-    (0 = take whatever is already queued, never wait).
-    ``enabled``: False calls the function once per item (the unbatched baseline).
-    ``max_concurrent_batches``: batches running in the executor at once, [1, 64]; more than one lets the next batch
-    be collected while the previous one computes.
-    ``idle_dispatch``: dispatch at once when no batch is running (the window only holds items that queued behind a
-    running batch); False = every batch waits out its window (the policy before issue 26).
-    """
-
-    max_batch_size: int = 32
-    max_wait_ms: float = 2.0
-    enabled: bool = True
-    max_concurrent_batches: int = 2
-    idle_dispatch: bool = True
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_batch_size, bool) or not isinstance(self.max_batch_size, int) \
-                or not 1 <= self.max_batch_size <= 1024:
-            raise ValueError(f"max_batch_size must be an integer in [1, 1024], got {self.max_batch_size!r}")
-        if isinstance(self.max_wait_ms, bool) or not isinstance(self.max_wait_ms, int | float) \
-                or not 0 <= self.max_wait_ms <= 1000:
-            raise ValueError(f"max_wait_ms must be a number in [0, 1000], got {self.max_wait_ms!r}")
-        if isinstance(self.max_concurrent_batches, bool) or not isinstance(self.max_concurrent_batches, int) \
-                or not 1 <= self.max_concurrent_batches <= 64:
-            raise ValueError(f"max_concurrent_batches must be an integer in [1, 64], got {self.max_concurrent_batches!r}")
 
 
 @dataclass

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 
 class InvalidEntry(ValueError):
     """A cached value that is not what this replica would have written: malformed JSON, wrong types or shapes, a
@@ -26,13 +24,12 @@ def expect(ok: bool, what: str) -> None:
 
 def check_result(result: Any, index: Any, filter: Any, k: int) -> None:
     """Raise :class:`InvalidEntry` unless the decoded ``result`` (a
-    :class:`~retrieval.search.pipeline.SearchResult` over the documents and passages it carries) is one that
+    :class:`~retrieval.search.results.SearchResult` over the documents and passages it carries) is one that
     ``index``, the generation serving the request, could have given a request of ``k`` results under ``filter``
     (a :class:`~retrieval.search.filters.Filter`): that generation, not degraded (degraded results are never
     cached), at most ``k`` hits, and each hit's document there under the same number with the same id, title,
-    tenant and metadata, within the filter's tenant and metadata pairs, its chunk that document's (where the
-    view's ``chunk_doc`` can be read by number: the in-process views; the Qdrant view's answers only its length,
-    so there the owner is not checked) and that chunk's text the cached passage.
+    tenant and metadata, within the filter's tenant and metadata pairs, its chunk that document's (the view's
+    ``chunk_doc``) and that chunk's text the cached passage.
 
     Costs a few microseconds per hit on the in-process views (list and array reads, a string compare); on an
     engine view (Qdrant) ``documents[d]`` and ``passage(c)`` read its payload cache, and the engine for what the
@@ -44,8 +41,7 @@ def check_result(result: Any, index: Any, filter: Any, k: int) -> None:
     if len(result.hits) > k:
         raise InvalidEntry(f"{len(result.hits)} hits for a request of {k}")
     view = result.index
-    chunk_doc = index.chunk_doc  # in-process views: an array; an engine's answers only its length (then unchecked)
-    owners = chunk_doc if isinstance(chunk_doc, np.ndarray) or hasattr(type(chunk_doc), "__getitem__") else None
+    owners = index.chunk_doc  # in-process views: an array; an engine's reads the chunk's payload
     for d, c in zip(result.hits.doc.tolist(), result.hits.chunk.tolist(), strict=True):
         cached = view.documents[d]
         try:
@@ -63,13 +59,12 @@ def check_result(result: Any, index: Any, filter: Any, k: int) -> None:
                                f"{filter.tenant!r}")
         if not all(doc.metadata.get(key) == value for key, value in filter.metadata):
             raise InvalidEntry(f"document {doc.id[:80]!r} does not match the request's metadata filter")
-        if owners is not None:
-            try:
-                owner = int(owners[c]) if c >= 0 else None
-            except (IndexError, KeyError):
-                owner = None
-            if owner != d:
-                raise InvalidEntry(f"chunk {c} is not a chunk of document {doc.id[:80]!r}")
+        try:
+            owner = int(owners[c]) if c >= 0 else None
+        except (IndexError, KeyError):
+            owner = None
+        if owner != d:
+            raise InvalidEntry(f"chunk {c} is not a chunk of document {doc.id[:80]!r}")
         try:
             text = index.passage(c) if c >= 0 else None
         except (IndexError, KeyError):

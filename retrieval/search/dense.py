@@ -10,40 +10,25 @@ whenever k exist.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import faiss
 import numpy as np
 
 from index_builder.types import Hits
 from retrieval.search.aggregate import top_docs_from_chunk_hits, top_docs_from_chunk_scores
-
-
-@dataclass(frozen=True)
-class DenseConfig:
-    """``ef_search``: HNSW beam width at query time (raised to the number of chunks asked for);
-    ``oversample``: chunks fetched per wanted document (documents have several chunks);
-    ``exact_below``: allowed fraction of the corpus under which a filtered query searches exactly."""
-
-    ef_search: int = 128
-    oversample: float = 3.0
-    exact_below: float = 0.05
-
-    def __post_init__(self) -> None:
-        if self.ef_search < 1 or self.oversample < 1 or not 0 <= self.exact_below <= 1:
-            raise ValueError(f"dense needs ef_search >= 1, oversample >= 1, 0 <= exact_below <= 1; got {self}")
+from retrieval.search.settings import DenseConfig  # noqa: F401  (its section lives with the search settings)
 
 
 class DenseRetriever:
     name = "dense"
 
     def __init__(self, hnsw: faiss.Index | None, vectors: np.ndarray, chunk_doc: np.ndarray, starts: np.ndarray,
-                 config: DenseConfig = DenseConfig()) -> None:
+                 config: DenseConfig | None = None) -> None:
         self.hnsw = hnsw
         self.vectors = vectors
         self.chunk_doc = chunk_doc
         self.starts = starts
-        self.config = config
+        self.config = config or DenseConfig()
         self.n_chunks = len(chunk_doc)
 
     def search(self, query_vec: np.ndarray, k: int, doc_mask: np.ndarray | None = None,

@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class FusionConfig:
-    """RRF: ``score = sum_r w_r / (k + rank_r)``. Chosen on SciFact train + NFCorpus dev (see README)."""
-
-    k: float = 10.0
-    bm25_weight: float = 1.0
-    dense_weight: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.k <= 0 or self.bm25_weight < 0 or self.dense_weight < 0:
-            raise ValueError(f"fusion needs k > 0 and weights >= 0, got {self}")
+from retrieval.search.settings import FusionConfig  # noqa: F401  (its section lives with the search settings)
 
 
 def rrf(rankings: Sequence[np.ndarray], k: float = 60.0, weights: Sequence[float] | None = None,

@@ -6,7 +6,6 @@ stage) swaps in a new one atomically while old requests finish on the old one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Protocol
@@ -23,11 +22,7 @@ from retrieval.search.aggregate import doc_starts
 from retrieval.search.bm25 import BM25Retriever, BM25Stats
 from retrieval.search.dense import DenseConfig, DenseRetriever
 from retrieval.search.filters import FilterIndex
-
-
-@dataclass(frozen=True)
-class IndexConfig:
-    verify_checksums: bool = True  # sha256 every snapshot file at load (seconds for GBs of token vectors)
+from retrieval.search.settings import IndexConfig  # noqa: F401  (its section lives with the search settings)
 
 
 class IndexSettings(Protocol):
@@ -44,6 +39,7 @@ class IndexSettings(Protocol):
 
 
 class SearchIndex:
+    backend = "local snapshot"
     in_process = True  # its searches are in-memory compute (the pipeline may run short ones on its loop)
 
     def __init__(self, snapshot: LoadedSnapshot, config: IndexSettings) -> None:

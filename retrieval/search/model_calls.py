@@ -17,7 +17,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,21 +24,8 @@ import numpy as np
 from index_builder.models import CrossEncoder, Embedder
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder
 from rerank.cross_encoder import pairs_for
-from retrieval.search.batching import BatcherConfig, MicroBatcher
-
-
-@dataclass(frozen=True)
-class BatchingConfig:
-    """Cross-request dynamic batching, one batcher per model role (see retrieval/search/batching.py)."""
-
-    embed: BatcherConfig = field(default_factory=lambda: BatcherConfig(max_batch_size=32, max_wait_ms=2.0))
-    query_tokens: BatcherConfig = field(default_factory=lambda: BatcherConfig(max_batch_size=32, max_wait_ms=2.0))
-    cross_encoder: BatcherConfig = field(default_factory=lambda: BatcherConfig(max_batch_size=64, max_wait_ms=2.0))
-    model_workers: int = 4  # threads running model batches (and unbatched model calls)
-
-    def __post_init__(self) -> None:
-        if self.model_workers < 1:
-            raise ValueError(f"model_workers must be >= 1, got {self.model_workers}")
+from retrieval.search.batching import MicroBatcher
+from retrieval.search.settings import BatchingConfig  # noqa: F401  (its section lives with the search settings)
 
 
 class PairCache:

@@ -34,33 +34,7 @@ from typing import Any
 import numpy as np
 import Stemmer
 
-
-@dataclass(frozen=True)
-class SemanticCacheConfig:
-    """``threshold``: the cosine at or above which a cached query may answer a new one; ``guard``: the candidate
-    must also pass :func:`same_meaning_markers`. Defaults from the hand-written SciFact query log (bench/querylog,
-    all-MiniLM-L6-v2; chosen on that log, so in-sample): at 0.91 with the guard, 30 of 30 repeats and 23 of 40
-    paraphrases hit, and 1 of 150 requests got another question's answer (a near-miss that swaps the two sides of
-    a comparison); without the guard 22 did. ``ttl_s``: an entry's lifetime; ``max_entries``: all scopes
-    together, least recently used evicted first."""
-
-    enabled: bool = True
-    threshold: float = 0.91
-    guard: bool = True  # also require the same numbers, negations and direction words (same_meaning_markers)
-    ttl_s: float = 600.0
-    max_entries: int = 10_000
-    # All entries together, as the callers estimate them (result arrays, passages, the answer, the query and its
-    # vector, the scope's filter): a bound in bytes, because entries differ a lot in size.
-    max_bytes: int = 256 * 2**20
-    # Shared across replicas (retrieval.search.shared_cache): a redis:// URL; "" = this process only.
-    redis_url: str = ""
-    redis_namespace: str = "hybridrag"
-    redis_timeout_s: float = 0.5
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.threshold <= 1.0 or self.ttl_s <= 0 or self.max_entries < 1 or self.max_bytes < 1:
-            raise ValueError("semantic cache needs 0 < threshold <= 1, ttl_s > 0, max_entries >= 1 and max_bytes >= 1")
-
+from retrieval.search.settings import SemanticCacheConfig  # noqa: F401  (its section lives with the search settings)
 
 _NEGATIONS = frozenset({"not", "no", "never", "none", "neither", "nor", "cannot", "without", "lack", "absent",
                         "absence", "fail", "unabl"})
@@ -130,6 +104,8 @@ class CacheHit:
 
 
 class SemanticCache:
+    shared = False  # this process's own objects (retrieval.search.pipeline.ResultCache)
+
     def __init__(self, config: SemanticCacheConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self._clock = clock

@@ -46,6 +46,7 @@ import numpy as np
 from index_builder.types import Document, Hits
 from retrieval.search.cache_check import InvalidEntry, expect
 from retrieval.search.request import STAGES
+from retrieval.search.results import SearchResult
 from retrieval.search.semantic_cache import CacheHit, SemanticCacheConfig, same_meaning_markers
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def _h(text: str) -> str:
 
 
 def result_to_dict(result: Any) -> dict[str, Any]:
-    """A detached :class:`~retrieval.search.pipeline.SearchResult` as plain JSON types."""
+    """A detached :class:`~retrieval.search.results.SearchResult` as plain JSON types."""
     view = result.index
 
     def hits(h: Hits) -> list:
@@ -74,7 +75,7 @@ def result_to_dict(result: Any) -> dict[str, Any]:
 
 @dataclass
 class CachedView:
-    """The documents and passages of one cached result (what :class:`~retrieval.search.pipeline.ResultView` holds)."""
+    """The documents and passages of one cached result (what :class:`~retrieval.search.results.ResultView` holds)."""
 
     documents: dict[int, Document]
     passages: dict[int, str]
@@ -158,10 +159,8 @@ def _document(o: Any, key: str) -> Document:
 
 
 def result_from_dict(o: Any) -> Any:
-    """The :class:`~retrieval.search.pipeline.SearchResult` that :func:`result_to_dict` wrote, every type and shape
+    """The :class:`~retrieval.search.results.SearchResult` that :func:`result_to_dict` wrote, every type and shape
     checked (:class:`InvalidEntry` otherwise): its hits name only documents and chunks it holds."""
-    from retrieval.search.pipeline import SearchResult  # the pipeline imports this module
-
     o = _dict(o, "the result")
     for name in ("hits", "stages", "timings_ms", "skipped", "degraded", "generation", "docs", "passages"):
         expect(name in o, f"the result has no {name!r}")

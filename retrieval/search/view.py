@@ -48,9 +48,16 @@ class LateInteraction(Protocol):
                score: str = "maxsim") -> Reordering:
         """MaxSim of the first ``top_k`` of ``chunks`` against the query's token vectors."""
 
+    def token_sims(self, query_tokens: np.ndarray, chunk: int) -> np.ndarray | None:
+        """Every stored token of ``chunk`` against every query token, float32 [t, q] (where the cross-encoder's
+        windows go); None where the index cannot say (an engine that scores in place)."""
+
 
 class IndexView(Protocol):
-    """One immutable generation as the request path sees it."""
+    """One immutable generation as the request path sees it. ``in_process``: its searches are in-memory compute in
+    this process (a solo search may run them on its own thread); an engine's are calls out."""
+
+    in_process: bool
 
     @property
     def documents(self) -> Sequence[Document]: ...
@@ -82,6 +89,10 @@ class IndexView(Protocol):
 
     @property
     def generation(self) -> int: ...
+
+    @property
+    def backend(self) -> str:
+        """What serves it: 'local snapshot', or the engine's description (``GetIndexStatus.backend``)."""
 
     @property
     def dense_error(self) -> str | None: ...

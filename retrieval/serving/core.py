@@ -3,7 +3,7 @@
 
 A door turns its request into a :class:`Caller` (the API key it carried and its deadline) and a proto message,
 then calls one method here; every check lives here once: authentication, tenant authorization, admission control
-(separate read and write budgets), deadlines, the pipeline and the live index, the span and the metrics of the
+(separate read and write budgets), deadlines, the pipeline and the writer, the span and the metrics of the
 call. The door only translates: its wire format in, proto messages out, our errors (:mod:`retrieval.errors`) to
 its own status codes through :func:`status_for` (the gRPC code; HTTP maps that code to an HTTP status).
 """
@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -23,6 +24,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Span, SpanKind, Tracer
 
 from index_builder.corpus import MAX_ID_CHARS, check_tenant
+from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import (
     BackendError,
@@ -36,12 +38,12 @@ from retrieval.errors import (
     Unauthenticated,
 )
 from retrieval.generation.generator import GeneratorSetup, Passages, Stats, Token
-from retrieval.live.live_index import LiveIndex
-from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES
+from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, WriteResult
 from retrieval.observability.tracing import NO_TRACER, set_error
 from retrieval.search.filters import Filter
-from retrieval.search.pipeline import Pipeline, SearchResult
+from retrieval.search.pipeline import Pipeline
 from retrieval.search.request import SearchRequest
+from retrieval.search.results import SearchResult
 from retrieval.serving.auth import ALL_TENANTS, API_KEY_HEADER
 from retrieval.serving.metrics import ServiceMetrics
 
@@ -122,16 +124,48 @@ class Caller:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
 
+class WrittenView(Protocol):
+    """What Rebuild reports of a writer's current view: its generation, the snapshot it is built on (its manifest's
+    ``covered_seq``) and the writes buffered since."""
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def snapshot(self) -> Any: ...
+
+    @property
+    def buffered(self) -> int: ...
+
+
+class Writer(Protocol):
+    """Where the core sends writes: the live index over the document store
+    (:class:`retrieval.live.live_index.LiveIndex`: buffered, rebuilt in the background) or the engine
+    (:class:`retrieval.engines.qdrant.EngineWriter`: indexed online). Both check a batch the same way
+    (:func:`retrieval.live.store.validate_batch`) and answer the same :class:`~retrieval.live.store.WriteResult`.
+    ``rebuild``: build a new generation now (the engine has nothing to rebuild); ``view``: what Rebuild reports."""
+
+    def upsert(self, documents: Sequence[Document | Mapping[str, Any]], *, tenant: str | None = None,
+               deadline: float | None = None) -> WriteResult: ...
+
+    def delete(self, ids: Sequence[str], *, tenant: str | None = None, deadline: float | None = None) -> WriteResult: ...
+
+    def rebuild(self) -> object: ...
+
+    @property
+    def view(self) -> WrittenView: ...
+
+
 @dataclass
 class ServiceState:
-    """What the service serves; ``pipeline`` is None until the index and models are loaded; ``live`` (writes) is
-    None without a document store."""
+    """What the service serves; ``pipeline`` is None until the index and models are loaded; ``writer`` (where
+    writes go) is None on a read-only server. Filled by :mod:`retrieval.serving.server`."""
 
     pipeline: Pipeline | None = None
     api_keys: dict[str, frozenset[str]] = field(default_factory=dict)
     in_flight: int = 0
     writes_in_flight: int = 0
-    live: LiveIndex | None = None
+    writer: Writer | None = None
     generation: GeneratorSetup | None = None
     generation_error: str = "generation is not set up on this server"
     tracer: Tracer = NO_TRACER
@@ -140,16 +174,6 @@ class ServiceState:
 
     def __post_init__(self) -> None:
         self.metrics = ServiceMetrics(lambda: {"in_flight": self.in_flight, "pipeline": self.pipeline})
-        if self.pipeline is not None:
-            self.metrics.watch_batchers(self.pipeline)
-
-    def attach(self, pipeline: Pipeline, live: LiveIndex | None = None) -> None:
-        """Serve ``pipeline`` (and accept writes through ``live``), with its batches and rebuilds in the metrics."""
-        self.metrics.watch_batchers(pipeline)
-        if live is not None:
-            live.on_rebuild(self.metrics.observe_rebuild)
-            self.live = live
-        self.pipeline = pipeline
 
 
 def _stage_ranks(result: SearchResult, docs: list[int]) -> dict[int, list[pb.StageScore]]:
@@ -237,11 +261,11 @@ class ServiceCore:
             raise IndexNotReady("the index is not loaded yet")
         return self.state.pipeline
 
-    def live(self) -> LiveIndex:
+    def writer(self) -> Writer:
         self.pipeline()
-        if self.state.live is None:
+        if self.state.writer is None:
             raise NotImplementedError("this server has no document store: start it with --store PATH to accept writes")
-        return self.state.live
+        return self.state.writer
 
     @contextlib.contextmanager
     def admitted(self, caller: Caller, kind: str = "read"):
@@ -395,7 +419,7 @@ class ServiceCore:
             cache={k: float(v) for k, v in (pipeline.cache.stats() if pipeline.cache else {}).items()},
             generation_backend=self.state.generation.describe() if self.state.generation else
             self.state.generation_error,
-            backend=str(getattr(index, "backend", "local snapshot")))
+            backend=index.backend)
 
     async def _write(self, caller: Caller, fn, *args, **kwargs):
         """A write under the write budget, with the caller's deadline passed down to the durable commit (a write
@@ -406,7 +430,7 @@ class ServiceCore:
 
     async def upsert(self, caller: Caller, request: pb.UpsertRequest, request_id: str) -> pb.UpsertResponse:
         self.authenticate(caller)  # UNAUTHENTICATED before anything about the request
-        live = self.live()
+        writer = self.writer()
         n = len(request.documents)
         if n > MAX_BATCH:  # before any work: nothing is chunked or encoded for a refused batch
             raise InvalidRequest(f"{n} documents in one upsert; at most {MAX_BATCH} are allowed")
@@ -418,32 +442,32 @@ class ServiceCore:
                 raise InvalidRequest(f"document {i}: 'id' must be a non-empty string")
         docs = [{"_id": d.id, "title": d.title, "text": d.text, "tenant": d.tenant, "metadata": dict(d.metadata)}
                 for d in request.documents]
-        result = await self._write(caller, live.upsert, docs)
+        result = await self._write(caller, writer.upsert, docs)
         log.info("request %s: upserted %d documents (seq %d)", request_id, result.count, result.seq,
                  extra={"request_id": request_id})
         return pb.UpsertResponse(sequence=result.seq, upserted=result.count)
 
     async def delete(self, caller: Caller, request: pb.DeleteRequest) -> pb.DeleteResponse:
         self.authorize(caller, request.tenant)
-        live = self.live()
+        writer = self.writer()
         ids = list(request.ids)
         if len(ids) > MAX_BATCH:
             raise InvalidRequest(f"{len(ids)} ids in one delete; at most {MAX_BATCH} are allowed")
         for i, doc_id in enumerate(ids):
             if len(doc_id) > MAX_ID_CHARS:
                 raise InvalidRequest(f"id {i} is {len(doc_id)} characters; at most {MAX_ID_CHARS} are allowed")
-        result = await self._write(caller, live.delete, ids, tenant=request.tenant or None)
+        result = await self._write(caller, writer.delete, ids, tenant=request.tenant or None)
         return pb.DeleteResponse(sequence=result.seq, deleted=result.count)
 
     async def rebuild(self, caller: Caller) -> pb.RebuildResponse:
         tenants = self.authenticate(caller)
         if tenants is not None and ALL_TENANTS not in tenants:
             raise PermissionDenied("rebuilding the index needs a key for all tenants ('*')")
-        live = self.live()
+        writer = self.writer()
         t = time.perf_counter()
         with self.admitted(caller, "write"):
-            await asyncio.get_running_loop().run_in_executor(None, live.rebuild)
-        view = live.view
+            await asyncio.get_running_loop().run_in_executor(None, writer.rebuild)
+        view = writer.view
         return pb.RebuildResponse(generation=view.generation,
                                   covered_sequence=int(view.snapshot.manifest.get("covered_seq", 0)),
                                   seconds=time.perf_counter() - t, still_buffered=view.buffered)

@@ -37,74 +37,15 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from index_builder.errors import ConfigError
+from retrieval.serving.settings import FrontConfig  # noqa: F401  (re-exported: its section)
 
 SERVICE = "hybridrag.v1.Retriever"
 GRPC_READS = ("Retrieve", "Generate")
 GRPC_WRITES = ("Upsert", "Delete", "Rebuild")
 HTTP_READS = ("/v1/retrieve", "/v1/generate", "/v1/chat/completions", "/v1/embeddings", "/v1/rerank")
 HTTP_WRITES = ("/v1/documents", "/v1/rebuild")
-_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
-
-
-@dataclass(frozen=True)
-class FrontConfig:
-    """``[front]``: where the front listens, the replicas behind it, and its limits (see the module's docstring).
-
-    ``grpc_backends`` / ``http_backends``: ``HOST:PORT`` of each replica's gRPC and HTTP doors. ``http_port`` -1: no
-    HTTP front. ``max_in_flight`` / ``max_writes_in_flight``: reads and writes in flight through the front, all
-    replicas together. ``stream_timeout_s``: the longest a replica may stay silent inside a call (streamed answers
-    included). ``workers``: nginx worker processes (1 leaves the cores to the servers; one worker serves thousands of
-    connections).
-
-    Slow clients, with the HTTP door's defaults (:mod:`retrieval.serving.http_timeouts`): ``header_timeout_s``
-    (nginx ``client_header_timeout``: the request's headers, on both doors), ``body_timeout_s``
-    (``client_body_timeout``: the longest pause between two reads of a body), ``send_timeout_s`` (``send_timeout``:
-    the longest pause of a client reading its answer), ``keepalive_timeout_s`` (an idle connection, HTTP/1.1 or
-    HTTP/2)."""
-
-    grpc_backends: tuple[str, ...] = ("127.0.0.1:50051",)
-    http_backends: tuple[str, ...] = ()
-    host: str = "127.0.0.1"
-    port: int = 50050
-    http_port: int = -1
-    max_in_flight: int = 64
-    max_writes_in_flight: int = 2
-    max_body_mb: int = 16
-    stream_timeout_s: int = 3600
-    workers: int = 1
-    nginx: str = "nginx"
-    header_timeout_s: int = 10
-    body_timeout_s: int = 10
-    send_timeout_s: int = 30
-    keepalive_timeout_s: int = 75
-
-    def __post_init__(self) -> None:
-        if not self.grpc_backends:
-            raise ConfigError("front.grpc_backends: give at least one replica's gRPC door (HOST:PORT)")
-        for name in ("grpc_backends", "http_backends"):
-            for address in getattr(self, name):
-                if not _ADDRESS.match(address) or not 1 <= int(address.rsplit(":", 1)[1]) <= 65535:
-                    raise ConfigError(f"front.{name}: {address!r} is not HOST:PORT with a port in [1, 65535]")
-        if not 1 <= self.port <= 65535:
-            raise ConfigError(f"front.port must be in [1, 65535] (nginx takes no 'any free port'), got {self.port}")
-        if self.http_port != -1 and not 1 <= self.http_port <= 65535:
-            raise ConfigError(f"front.http_port must be -1 (off) or in [1, 65535], got {self.http_port}")
-        if self.http_port != -1 and not self.http_backends:
-            raise ConfigError("front.http_port is set but front.http_backends is empty: give each replica's HTTP door")
-        if self.max_in_flight < 1 or self.max_writes_in_flight < 1:
-            raise ConfigError(f"front.max_in_flight and front.max_writes_in_flight must be >= 1, got "
-                              f"{self.max_in_flight} and {self.max_writes_in_flight}")
-        if self.max_body_mb < 1 or self.stream_timeout_s < 1 or self.workers < 1:
-            raise ConfigError("front.max_body_mb, front.stream_timeout_s and front.workers must be >= 1")
-        for name in ("header_timeout_s", "body_timeout_s", "send_timeout_s", "keepalive_timeout_s"):
-            if not 1 <= getattr(self, name) <= 3600:
-                raise ConfigError(f"front.{name} must be in [1, 3600] seconds, got {getattr(self, name)}")
-        if not re.fullmatch(r"[A-Za-z0-9_.:\[\]-]+", self.host):
-            raise ConfigError(f"front.host: {self.host!r} is not an address")
 
 
 class FrontError(RuntimeError):

@@ -61,56 +61,7 @@ from retrieval.serving.http_common import (
 from retrieval.serving.http_guard import Guard, is_loopback
 from retrieval.serving.http_timeouts import ConnectionTimeouts, protocol_class
 from retrieval.serving.openai_api import MODELS, add_openai_routes
-
-
-@dataclass(frozen=True)
-class HttpConfig:
-    """``[http]``: ``port`` -1 = no HTTP door (the default), 0 = any free port (logged). ``max_body_mb``: larger
-    request bodies get 413 unread. ``playground``: serve the page at ``/playground``.
-
-    Browsers (:mod:`retrieval.serving.http_guard`): ``allowed_origins``: the other origins (``scheme://host:port``)
-    whose pages may call the API (none by default: the playground is same-origin; ``"*"`` = any, with CORS);
-    ``allowed_hosts``: the ``Host`` names answered (none = loopback names when listening on a loopback address,
-    any name otherwise; ``"*"`` = any).
-
-    Slow clients (:mod:`retrieval.serving.http_timeouts`): ``header_timeout_s`` for the request line and headers;
-    ``body_timeout_s`` then ``body_min_rate`` bytes/s on average for the body; ``send_timeout_s`` for a client
-    that stops reading its answer; ``keepalive_timeout_s`` for an idle keep-alive connection."""
-
-    host: str = "127.0.0.1"
-    port: int = -1
-    max_body_mb: float = 16.0
-    playground: bool = True
-    allowed_origins: tuple[str, ...] = ()
-    allowed_hosts: tuple[str, ...] = ()
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 10.0
-    body_min_rate: int = 1024
-    send_timeout_s: float = 30.0
-    keepalive_timeout_s: int = 30
-
-    def __post_init__(self) -> None:
-        if not -1 <= self.port <= 65535:
-            raise ValueError(f"http.port must be -1 (off), 0 (any free port) or a port number, got {self.port}")
-        if not 0 < self.max_body_mb <= 1024:
-            raise ValueError(f"http.max_body_mb must be in (0, 1024], got {self.max_body_mb}")
-        for name in ("header_timeout_s", "body_timeout_s", "send_timeout_s", "keepalive_timeout_s"):
-            if not 0 < getattr(self, name) <= 3600:
-                raise ValueError(f"http.{name} must be in (0, 3600] seconds, got {getattr(self, name)}")
-        if self.body_min_rate < 0:
-            raise ValueError(f"http.body_min_rate must be >= 0 bytes/s, got {self.body_min_rate}")
-        for origin in self.allowed_origins:
-            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
-                raise ValueError(f"http.allowed_origins: {origin!r} is not an origin (scheme://host[:port], "
-                                 "no path) or '*'")
-
-    @property
-    def timeouts(self) -> ConnectionTimeouts:
-        return ConnectionTimeouts(self.header_timeout_s, self.body_timeout_s, self.body_min_rate, self.send_timeout_s)
-
-    @property
-    def enabled(self) -> bool:
-        return self.port >= 0
+from retrieval.serving.settings import HttpConfig  # noqa: F401  (re-exported: its section)
 
 
 def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
@@ -267,6 +218,12 @@ def page_csp(page: str) -> str:
             "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
+def timeouts(config: HttpConfig) -> ConnectionTimeouts:
+    """The slow-client timeouts of ``[http]`` (:mod:`retrieval.serving.http_timeouts`)."""
+    return ConnectionTimeouts(config.header_timeout_s, config.body_timeout_s, config.body_min_rate,
+                              config.send_timeout_s)
+
+
 class _EmbeddedUvicorn(uvicorn.Server):
     """uvicorn inside our process: the signals stay ours (``serve`` drains gRPC and HTTP together on SIGTERM)."""
 
@@ -317,7 +274,7 @@ async def start_http(core: ServiceCore, config: HttpConfig, *, reuse_port: bool 
     sock.setblocking(False)
     port = sock.getsockname()[1]
     server = _EmbeddedUvicorn(uvicorn.Config(create_app(core, config), log_level="warning", access_log=False,
-                                             lifespan="off", loop="none", http=protocol_class(config.timeouts),
+                                             lifespan="off", loop="none", http=protocol_class(timeouts(config)),
                                              ws="none", timeout_keep_alive=config.keepalive_timeout_s))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started:

@@ -23,33 +23,23 @@ port). Library code never touches the global default registry: two servers in on
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from retrieval.serving.settings import MetricsConfig  # noqa: F401  (re-exported: its section)
+
 if TYPE_CHECKING:
-    from retrieval.search.pipeline import Pipeline, SearchResult
+    from retrieval.search.pipeline import Pipeline
+    from retrieval.search.results import SearchResult
 
 # Seconds. Stages run from ~0.1 ms (fusion, a cache lookup) to seconds (a cross-encoder on CPU under load).
 STAGE_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 REQUEST_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 REBUILD_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
-
-
-@dataclass(frozen=True)
-class MetricsConfig:
-    """``/metrics`` over HTTP. ``port``: -1 = no HTTP endpoint (the metrics are still kept), 0 = any free port."""
-
-    host: str = "127.0.0.1"
-    port: int = 9464
-
-    def __post_init__(self) -> None:
-        if not -1 <= self.port <= 65535:
-            raise ValueError(f"metrics.port must be -1 (off), 0 (any free port) or a port number, got {self.port}")
 
 
 class _StateCollector(Collector):

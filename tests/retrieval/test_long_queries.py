@@ -10,14 +10,13 @@ import shutil
 import grpc
 import pytest
 
-from bench.ood import build as build_ood
 from hybridrag.cli import main
 from retrieval.config import ServerConfig
-from retrieval.evaluate import evaluate, judged_queries, load_qrels
+from retrieval.evaluate import build_ood_set, evaluate, judged_queries, load_qrels
 from retrieval.generation.prompt import ContextPassage, build_prompt, make_counter
 from retrieval.search.pipeline import Pipeline
 from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
-from retrieval.serving.grpc_service import BackgroundServer
+from retrieval.serving.server import BackgroundServer
 from tests.helpers import SAMPLE
 
 
@@ -96,7 +95,7 @@ def test_the_prompt_cuts_a_passage_sized_question_to_its_budget():
 
 def test_doc_query_sets_drop_the_source_document_from_every_run(tmp_path, sample_index_dir):
     out = tmp_path / "docq"
-    info = build_ood(SAMPLE, "test", out)
+    info = build_ood_set(SAMPLE, "test", out)
     queries, qrels = judged_queries(out, "test")
     originals = load_qrels(SAMPLE)
     multi = {q: j for q, j in originals.items() if len([g for g in j.values() if g > 0]) >= 2}

@@ -21,8 +21,8 @@ import pytest
 
 from index_builder.snapshot import load_snapshot
 from retrieval.api import retriever_pb2 as pb
-from retrieval.engines.backend import EngineConfig
 from retrieval.engines.qdrant import QdrantEngine
+from retrieval.engines.settings import EngineConfig
 from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from tests.helpers import ServeProcess
 

@@ -22,7 +22,7 @@ from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache, SemanticCacheConfig
 from retrieval.search.shared_cache import SharedCache
 from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
-from retrieval.serving.grpc_service import BackgroundServer
+from retrieval.serving.server import BackgroundServer
 from tests.helpers import RedisServer
 
 REDIS = shutil.which("redis-server")

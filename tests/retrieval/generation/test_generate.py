@@ -27,8 +27,8 @@ from retrieval.observability.tracing import TracingConfig, make_tracing
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache
 from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
-from retrieval.serving.grpc_service import BackgroundServer
 from retrieval.serving.http import HttpConfig
+from retrieval.serving.server import BackgroundServer
 from tests.helpers import ServeProcess
 
 pytestmark = pytest.mark.slow  # a real llama.cpp server generates for every test here

@@ -12,7 +12,7 @@ import pytest
 from retrieval.api import retriever_pb2 as pb
 from retrieval.config import ServerConfig
 from retrieval.serving.client import ClientOptions, RetrieverClient
-from retrieval.serving.grpc_service import BackgroundServer
+from retrieval.serving.server import BackgroundServer
 
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # read when haystack is imported: no posthog calls from tests
 

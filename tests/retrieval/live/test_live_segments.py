@@ -19,8 +19,8 @@ from index_builder.build import build_snapshot, chunk_passages
 from index_builder.token_encoders import EmbedderTokens
 from index_builder.types import Document
 from retrieval.errors import DeadlineExceeded, InvalidRequest, Overloaded
-from retrieval.live.live_index import MAX_BATCH_BYTES, LiveIndex
-from retrieval.live.store import MAX_BATCH, MAX_TEXT_CHARS, DocumentStore
+from retrieval.live.live_index import LiveIndex
+from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, MAX_TEXT_CHARS, DocumentStore
 from retrieval.search.bm25 import score_with_stats
 from retrieval.search.filters import Filter
 from retrieval.search.index import SearchIndex

@@ -108,7 +108,7 @@ def test_cross_encoder_windows_are_the_best_maxsim_span_of_each_passage(sample_i
         res = p.search(QUERY, k=10, stages=FULL, ce_top_k=3)
         chunks = res.stages["late_interaction"].chunk[:3]
         tokens = embedder.encode([QUERY], with_tokens=True).token_vectors[0].astype(np.float32)
-        windows = p.ce_passages(p.index, chunks, tokens, 12)
+        windows = p.ce_stage.passages(p.index, chunks, tokens, 12)
         for c, w in zip(chunks.tolist(), windows, strict=True):
             whole = p.index.passage_with_title(c)
             assert w and w in whole and len(w) < len(whole)
@@ -124,8 +124,8 @@ def test_cross_encoder_windows_are_the_best_maxsim_span_of_each_passage(sample_i
         assert sorted(res.stages["cross_encoder"].scores[:3].tolist(), reverse=True) == pytest.approx(
             sorted(scores.tolist(), reverse=True), rel=1e-4, abs=1e-4)
         # a width as long as the passages gives the whole passages back
-        assert p.ce_passages(p.index, chunks, tokens, 4096) == [p.index.passage_with_title(int(c)) for c in chunks]
-        assert p.ce_passages(p.index, chunks, None, 12) == [p.index.passage_with_title(int(c)) for c in chunks]
+        assert p.ce_stage.passages(p.index, chunks, tokens, 4096) == [p.index.passage_with_title(int(c)) for c in chunks]
+        assert p.ce_stage.passages(p.index, chunks, None, 12) == [p.index.passage_with_title(int(c)) for c in chunks]
     finally:
         p.close()
 
@@ -178,75 +178,6 @@ def test_pair_cache_scores_only_unseen_pairs_and_answers_the_same(sample_index, 
         assert p.batcher_stats()["cross_encoder_pairs"]["entries"] == 8  # bounded: the oldest were evicted
     finally:
         p.close()
-
-
-def test_a_pipeline_bound_to_the_callers_loop_answers_there_and_from_other_threads(sample_index, embedder, config):
-    """``bind_loop``: the stages and batchers run on the caller's event loop (no hand-off to a pipeline thread);
-    the answers equal a pipeline on its own thread's, blocking callers on other threads still work, and the
-    pipeline closes from the loop with ``aclose``."""
-    import asyncio
-    import threading
-
-    reference = Pipeline(sample_index, embedder, config)
-    try:
-        expected = reference.search(QUERY, k=10, stages=STAGES)
-    finally:
-        reference.close()
-
-    batched = dataclasses.replace(config, first_stage=dataclasses.replace(config.first_stage, solo_when_idle=False))
-
-    async def main() -> None:
-        p = Pipeline(sample_index, embedder, batched)  # a lone request would run solo, on a model-pool thread
-        p.bind_loop()
-        with pytest.raises(RuntimeError, match="already runs on an event loop"):
-            p.bind_loop()
-        threads: set[str] = set()
-        original = p._search
-
-        async def spy(request):
-            threads.add(threading.current_thread().name)
-            return await original(request)
-
-        p._search = spy  # which thread runs the stages' coroutine
-        got = await p.search_async(QUERY, k=10, stages=STAGES)
-        assert threads == {threading.current_thread().name}
-        assert got.hits.doc.tolist() == expected.hits.doc.tolist()
-        np.testing.assert_allclose(got.hits.scores, expected.hits.scores, rtol=1e-4, atol=1e-5)
-        # a blocking caller on another thread: scheduled onto this loop, which keeps running meanwhile
-        other = await asyncio.get_running_loop().run_in_executor(None, lambda: p.search(QUERY, k=10, stages=STAGES))
-        assert other.hits.doc.tolist() == expected.hits.doc.tolist()
-        with pytest.raises(RuntimeError, match="blocks"):
-            p.search(QUERY, k=10)
-        with pytest.raises(RuntimeError, match="closes with 'await aclose"):
-            p.close()
-        await p.aclose()
-
-    asyncio.run(main())
-
-
-def test_short_stages_run_on_the_loop_only_while_few_searches_are_in_flight(sample_index, embedder, config,
-                                                                            sample_queries):
-    queries = list(sample_queries.values())[:12]
-    config = dataclasses.replace(config, first_stage=dataclasses.replace(config.first_stage, solo_when_idle=False))
-    pooled = Pipeline(sample_index, embedder, config)  # always in the pool
-    inline_cfg = dataclasses.replace(config, first_stage=dataclasses.replace(config.first_stage, inline_max_active=1))
-    inline = Pipeline(sample_index, embedder, inline_cfg)  # on the loop while one search runs
-    try:
-        expected = [pooled.search(q, k=10, stages=STAGES) for q in queries]
-        assert pooled.inlined == 0
-        alone = [inline.search(q, k=10, stages=STAGES) for q in queries]
-        assert inline.inlined == 2 * len(queries)  # the dense search and late interaction of each, on the loop
-        with ThreadPoolExecutor(len(queries)) as pool:
-            together = list(pool.map(lambda q: inline.search(q, k=10, stages=STAGES), queries))
-        assert inline.inlined < 4 * len(queries)  # concurrent searches went to the pool
-        for e, a, t in zip(expected, alone, together, strict=True):
-            assert a.hits.doc.tolist() == e.hits.doc.tolist() == t.hits.doc.tolist()
-            np.testing.assert_allclose(a.hits.scores, e.hits.scores, rtol=1e-5, atol=1e-6)
-    finally:
-        pooled.close()
-        inline.close()
-    with pytest.raises(ValueError, match="inline_max_active must be >= 0"):
-        dataclasses.replace(config.first_stage, inline_max_active=-1)
 
 
 def test_a_lone_request_runs_solo_and_answers_as_the_batched_path(sample_index, embedder, config, sample_queries):

@@ -265,7 +265,7 @@ def test_a_stream_entry_of_another_scope_or_shape_is_skipped(replica, redis_serv
 @pytest.fixture(scope="module")
 def served(replica):
     from retrieval.config import ServerConfig
-    from retrieval.serving.grpc_service import BackgroundServer
+    from retrieval.serving.server import BackgroundServer
 
     s = BackgroundServer(replica, ServerConfig(port=0))
     yield s

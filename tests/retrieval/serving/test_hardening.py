@@ -28,7 +28,7 @@ from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache, SemanticCacheConfig
 from retrieval.serving.client import AsyncRetrieverClient, ClientOptions, RetrieverClient, RetryPolicy
-from retrieval.serving.grpc_service import BackgroundServer
+from retrieval.serving.server import BackgroundServer
 
 NO_RETRY = RetryPolicy(attempts=1)
 KEYS = {"key-acme": frozenset({"acme"}), "key-initech": frozenset({"initech"}), "key-admin": frozenset({"*"})}
@@ -55,8 +55,7 @@ def _live_server(writable, config, embedder, server_config: ServerConfig | None 
     if cache is not None:
         live.on_write(cache.invalidate_docs)
     setup = generation(p) if generation is not None else None
-    s = BackgroundServer(p, server_config or ServerConfig(port=0), api_keys=KEYS, generation=setup)
-    s.running.state.attach(p, live)
+    s = BackgroundServer(p, server_config or ServerConfig(port=0), api_keys=KEYS, generation=setup, writer=live)
     return s, p, live, store
 
 

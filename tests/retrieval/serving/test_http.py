@@ -15,8 +15,8 @@ import pytest
 from retrieval.api import retriever_pb2 as pb
 from retrieval.config import ServerConfig
 from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
-from retrieval.serving.grpc_service import BackgroundServer
 from retrieval.serving.http import HttpConfig
+from retrieval.serving.server import BackgroundServer
 
 JSON = {"content-type": "application/json"}
 NO_RETRY = ClientOptions(retry=RetryPolicy(attempts=1), timeout=60)
@@ -206,8 +206,7 @@ def test_writes_over_http(writable, config, embedder):
     from tests.retrieval.serving.test_server import _writable
 
     store, seq, p, live = _writable(writable, config, embedder)
-    s = BackgroundServer(p, ServerConfig(port=0), api_keys=KEYS, http=HTTP)
-    s.running.state.attach(p, live)
+    s = BackgroundServer(p, ServerConfig(port=0), api_keys=KEYS, http=HTTP, writer=live)
     acme = {"authorization": "Bearer key-acme"}
     try:
         doc = {"id": "new-1", "tenant": "acme", "title": "Axolotl regeneration",

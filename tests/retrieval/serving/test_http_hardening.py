@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from retrieval.config import ServerConfig
-from retrieval.serving.grpc_service import BackgroundServer
 from retrieval.serving.http import HttpConfig
+from retrieval.serving.server import BackgroundServer
 
 JSON = {"content-type": "application/json"}
 KEYS = {"key-acme": frozenset({"acme"}), "key-admin": frozenset({"*"})}
@@ -31,8 +31,7 @@ def _open(root, config, embedder, *, keys=None, http: HttpConfig):
     from tests.retrieval.serving.test_server import _writable
 
     store, seq, p, live = _writable(root, config, embedder)
-    s = BackgroundServer(p, ServerConfig(port=0), api_keys=keys, http=http)
-    s.running.state.attach(p, live)
+    s = BackgroundServer(p, ServerConfig(port=0), api_keys=keys, http=http, writer=live)
     return s, store, p, live
 
 

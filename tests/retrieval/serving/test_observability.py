@@ -15,8 +15,8 @@ from retrieval.observability.tracing import TracingConfig, make_tracing
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache
 from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
-from retrieval.serving.grpc_service import BackgroundServer
 from retrieval.serving.metrics import MetricsConfig
+from retrieval.serving.server import BackgroundServer
 
 NO_RETRY = ClientOptions(retry=RetryPolicy(attempts=1))
 

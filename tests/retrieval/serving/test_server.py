@@ -19,7 +19,8 @@ from retrieval.app import open_index
 from retrieval.config import ServerConfig
 from retrieval.search.pipeline import Pipeline
 from retrieval.serving.client import AsyncRetrieverClient, ClientOptions, RetrieverClient, RetryPolicy
-from retrieval.serving.grpc_service import SERVICE, BackgroundServer
+from retrieval.serving.core import SERVICE
+from retrieval.serving.server import BackgroundServer
 from tests.helpers import CE_MODEL
 
 NO_RETRY = RetryPolicy(attempts=1)
@@ -315,7 +316,7 @@ def test_serve_command_loads_serves_and_drains_on_sigterm(sample_index_dir):
 
 def test_api_keys_from_file_and_environment(tmp_path):
     from index_builder.errors import ConfigError
-    from retrieval.serving.grpc_service import load_api_keys
+    from retrieval.serving.auth import load_api_keys
 
     f = tmp_path / "keys.json"
     f.write_text('{"k1": ["acme"]}')
@@ -365,8 +366,7 @@ def test_writes_over_grpc_are_durable_visible_and_checked(backend, writable, con
         def written(doc_id: str) -> bool:
             return bool(p.index.engine.owners([doc_id]))
     keys = {"key-acme": frozenset({"acme"}), "key-admin": frozenset({"*"})}
-    s = BackgroundServer(p, ServerConfig(port=0), api_keys=keys)
-    s.running.state.live = live
+    s = BackgroundServer(p, ServerConfig(port=0), api_keys=keys, writer=live)
     new = pb.Document(id="new-1", tenant="acme", title="Axolotl regeneration",
                       text="Axolotls regrow whole limbs from a blastema of dedifferentiated cells.")
     try:
@@ -400,8 +400,8 @@ def test_rebuild_call_and_bm25_fallback_after_a_restart_without_hnsw(tmp_path, w
     from retrieval.search.pipeline import Pipeline
 
     store, seq, p, live = _writable(writable, config, embedder)
-    s = BackgroundServer(p, ServerConfig(port=0))
-    s.running.state.attach(p, live)
+    s = BackgroundServer(p, ServerConfig(port=0), writer=live)
+    live.on_rebuild(s.running.state.metrics.observe_rebuild)  # as retrieval.app.serve wires the live index
     metric = s.running.state.metrics.registry.get_sample_value
     try:
         with _client(s) as c:

@@ -1,5 +1,8 @@
-"""Which engine serves the first stage: the local snapshot (``kind = "local"``) or a distributed engine behind the
-same index contract (``kind = "qdrant"``, :mod:`retrieval.engines.qdrant`)."""
+"""The engines' settings: ``[backend]``, which engine serves the first stage: the local snapshot (``kind = "local"``)
+or a distributed engine behind the same index contract (``kind = "qdrant"``, :mod:`retrieval.engines.qdrant`).
+
+A settings module: a dataclass and its checks only, so that loading a configuration (``retrieval/config.py``) does
+not import an engine's client."""
 
 from __future__ import annotations
 

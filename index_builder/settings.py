@@ -1,0 +1,184 @@
+"""The offline layer's settings: the configuration sections of the models (ONNX runtime, embedder, cross-encoder,
+late-interaction token encoder), chunking, BM25 analysis and the build, and :class:`ConfigError`.
+
+A settings module: dataclasses and their checks only, importing nothing heavier than the standard library (no
+model runtime, tokenizer, stemmer or index library), so that loading a configuration (``retrieval/config.py``)
+costs milliseconds. The modules that use these sections re-export their names (``index_builder.models``,
+``index_builder.onnx_runner``, ``index_builder.token_encoders``, ``index_builder.analysis``,
+``index_builder.chunking``, ``index_builder.build``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from index_builder.errors import ConfigError  # noqa: F401  (re-exported: the error of a bad configuration)
+
+# ---------------------------------------------------------------------- models
+
+CPU = "CPUExecutionProvider"
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+GRAPH_OPTIMIZATIONS = ("disable", "basic", "extended", "all")  # onnx_runner maps them to ONNX Runtime's levels
+BUNDLED = "bundled"  # the offline default model (index_builder.models.bundled_minilm)
+STORAGES = ("float16", "int8")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How ONNX Runtime runs a model.
+
+    ``providers``: in order of preference; CPU is always appended as the last resort.
+    ``intra_op_threads`` / ``inter_op_threads``: 0 lets ONNX Runtime choose (all physical cores).
+    ``trt_cache_dir``: where TensorRT keeps built engines (first run on a GPU builds them: minutes).
+    """
+
+    providers: tuple[str, ...] = (CPU,)
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    trt_fp16: bool = True
+    trt_cache_dir: str = ""
+    graph_optimization: str = "all"  # "disable" | "basic" | "extended" | "all"
+    # ONNX Runtime's CPU arena keeps the largest batch's activations allocated for the session's lifetime (hundreds
+    # of MB for 32 passages of 256 tokens); off for sessions that run rarely (the live index's rebuild encoder).
+    cpu_mem_arena: bool = True
+    # ONNX Runtime's intra-op threads spin for a while after each run, waiting for the next one: lower latency for
+    # a model run back to back, but the spinning takes the cores from every other model in the process. Off for a
+    # model that runs between others (the cross-encoder: docs/results/interactive-cascade.md).
+    allow_spinning: bool = True
+
+    def __post_init__(self) -> None:
+        if self.graph_optimization not in GRAPH_OPTIMIZATIONS:
+            raise ValueError(f"graph_optimization must be one of {sorted(GRAPH_OPTIMIZATIONS)}, got "
+                             f"{self.graph_optimization!r}")
+        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
+            raise ValueError("thread counts must be >= 0 (0 = onnxruntime's default)")
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    """The dense embedder: mean pooling over the attention mask, then L2 normalisation."""
+
+    model: str = BUNDLED
+    max_length: int = 256  # all-MiniLM-L6-v2 was trained at 256 word pieces
+    batch_size: int = 32
+    hf_offline: bool = False
+    cache_dir: str = ""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+@dataclass(frozen=True)
+class CrossEncoderConfig:
+    """A sequence-classification ONNX model (one logit per pair); ``model`` "" = none configured."""
+
+    model: str = ""
+    # Pair length in word pieces (passage side cut). 128 rather than 256: on NFCorpus dev (324 queries) the shipped
+    # model scored 0.3362 at 128 against 0.3317 at 256, at half the latency (bench/studies/ce_levers.py, README).
+    max_length: int = 128
+    batch_size: int = 16
+    hf_offline: bool = False
+    cache_dir: str = ""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+@dataclass(frozen=True)
+class TokenEncoderConfig:
+    """The late-interaction token model and its storage.
+
+    ``model``: "" = the embedder's own token vectors; else a ColBERT ONNX folder (or Hugging Face id) with
+    ``colbert_config.json``. ``query_maxlen`` / ``doc_maxlen``: 0 takes the model's own settings.
+    """
+
+    model: str = ""
+    storage: str = "int8"
+    batch_size: int = 32
+    query_maxlen: int = 0
+    doc_maxlen: int = 0
+    hf_offline: bool = False
+    cache_dir: str = ""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def __post_init__(self) -> None:
+        if self.storage not in STORAGES:
+            raise ValueError(f"storage must be one of {list(STORAGES)}, got {self.storage!r}")
+        if self.batch_size < 1 or self.query_maxlen < 0 or self.doc_maxlen < 0:
+            raise ValueError("batch_size must be >= 1 and query_maxlen/doc_maxlen >= 0 (0 = the model's own)")
+
+
+# ---------------------------------------------------------------------- text
+
+
+@dataclass(frozen=True)
+class ChunkConfig:
+    """``max_tokens``: word pieces of document text per chunk (the title is prepended on top);
+    ``overlap``: word pieces shared by consecutive chunks; ``max_chunks_per_doc``: keep only a document's first
+    N chunks (0 = all; 1 = truncate, as BEIR's published dense figures do), capping the cost of huge documents."""
+
+    max_tokens: int = 224
+    overlap: int = 48
+    max_chunks_per_doc: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 16:
+            raise ValueError(f"chunk max_tokens must be >= 16, got {self.max_tokens}")
+        if not 0 <= self.overlap < self.max_tokens // 2 + 1:
+            raise ValueError(f"chunk overlap must be in [0, {self.max_tokens // 2}], got {self.overlap}")
+        if self.max_chunks_per_doc < 0:
+            raise ValueError(f"max_chunks_per_doc must be >= 0 (0 = all), got {self.max_chunks_per_doc}")
+
+
+@dataclass(frozen=True)
+class AnalyzerConfig:
+    """``stemmer``: a PyStemmer algorithm ("porter", "english" = Porter2, ...) or "none"."""
+
+    stemmer: str = "porter"
+    stopwords: str = "lucene"  # "lucene" or "none"
+    lowercase: bool = True
+
+    def __post_init__(self) -> None:
+        if self.stemmer != "none":
+            import Stemmer  # here, not at the top: the stemmer is needed to check a name, not to load a config
+
+            if self.stemmer not in Stemmer.algorithms():
+                raise ValueError(f"unknown stemmer {self.stemmer!r}; choose 'none' or one of {Stemmer.algorithms()}")
+        if self.stopwords not in ("lucene", "none"):
+            raise ValueError(f"unknown stopwords {self.stopwords!r}; choose 'lucene' or 'none'")
+
+
+# ---------------------------------------------------------------------- the build
+
+
+@dataclass(frozen=True)
+class BM25Config:
+    """Lucene BM25 parameters; the defaults are Pyserini's for BEIR (k1=0.9, b=0.4)."""
+
+    k1: float = 0.9
+    b: float = 0.4
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.k1 <= 10 and 0 <= self.b <= 1):
+            raise ValueError(f"bm25 needs 0 <= k1 <= 10 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
+
+
+@dataclass(frozen=True)
+class HNSWConfig:
+    """faiss HNSW build parameters (efSearch is a query-time setting: see retrieval's DenseConfig)."""
+
+    m: int = 32
+    ef_construction: int = 200
+
+    def __post_init__(self) -> None:
+        if not (4 <= self.m <= 128 and self.ef_construction >= self.m):
+            raise ValueError(f"hnsw needs 4 <= m <= 128 and ef_construction >= m, got m={self.m}, "
+                             f"ef_construction={self.ef_construction}")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    chunking: ChunkConfig = field(default_factory=ChunkConfig)
+    analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
+    bm25: BM25Config = field(default_factory=BM25Config)
+    hnsw: HNSWConfig = field(default_factory=HNSWConfig)
+    token_vectors: bool = True  # store per-token vectors for the late-interaction stage
+    token_encoder: TokenEncoderConfig = field(default_factory=TokenEncoderConfig)
+    keep_snapshots: int = 3  # generations kept on disk after a build (0 keeps all)
