@@ -1,0 +1,29 @@
+"""Benchmarks and tuning studies (bench/README.md has a row for each). ``SCRIPTS``: every runnable one, by the name
+``hybridrag bench NAME`` takes, with its module (``python -m MODULE`` runs the same) and one line on what it does."""
+
+SCRIPTS: dict[str, tuple[str, str]] = {
+    # benchmarks: what the served defaults cost, against a baseline in the same run
+    "load": ("bench.load", "the gRPC (and HTTP) service under closed and open loop load, against the compute floor "
+                           "and the naive baseline"),
+    "cascade_load": ("bench.cascade_load", "server configurations side by side under load, ratios to the first"),
+    "backends": ("bench.backends", "the first-stage backends (local, Qdrant in process, Qdrant over REST) side by "
+                                   "side, and the shared cache's lookups"),
+    "floor": ("bench.floor", "the compute floor: each stage's own compute alone"),
+    "burst": ("bench.burst", "refusals past saturation: a burst's excess, direct or through the front"),
+    "batching": ("bench.batching", "cross-request batching on against off and the old window policy, in process"),
+    "observability": ("bench.observability", "what tracing and metrics cost per request"),
+    "generate": ("bench.generate", "Generate with the embedded llama.cpp server, the semantic cache on a query log, "
+                                   "Retrieve under Generate load"),
+    "live": ("bench.live", "the live index: queries during a rebuild, write throughput and visibility, upserts as "
+                           "the buffer grows, memory under a write stream"),
+    "bm25_speed": ("bench.bm25_speed", "bm25s against rank-bm25 over the same chunks"),
+    "gpu_check": ("bench.gpu_check", "model roles per execution provider and batch size; the GPU fallback"),
+    "naive_baseline": ("bench.naive_baseline", "the tutorial pipeline the load bench compares against"),
+    # tuning studies: choose a default on tuning splits, report test beside it
+    "tune_fusion": ("bench.studies.tune_fusion", "RRF k and weights chosen on tuning splits"),
+    "cascade_robustness": ("bench.studies.cascade_robustness", "late-interaction policies (and the cross-encoder's "
+                                                               "weight, BM25 k1/b) chosen by the worst case"),
+    "ce_levers": ("bench.studies.ce_levers", "the cross-encoder's levers: quality and cost of each, in one run"),
+    "bm25_units": ("bench.studies.bm25_units", "BM25 over documents against chunks, Porter against Snowball"),
+    "ood": ("bench.studies.ood", "an out-of-domain doc-query set from a dataset's own judgments (a data tool)"),
+}

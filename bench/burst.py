@@ -29,48 +29,30 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from bench.harness import machine, write_result
-from bench.load import load_query_list, spawn_front, spawn_server, stop_server, wait_serving
-
-
-def _pct(xs: list[float]) -> dict[str, float | None]:
-    if not xs:
-        return {"n": 0, "p50_ms": None, "p95_ms": None, "max_ms": None}
-    a = np.asarray(xs)
-    return {"n": len(xs), "p50_ms": round(float(np.percentile(a, 50)), 2),
-            "p95_ms": round(float(np.percentile(a, 95)), 2), "max_ms": round(float(a.max()), 2)}
+from bench.harness import ms_since, percentiles, query_list, write_result
+from bench.harness.loadgen import LevelSpec, RequestSpec, callables, close_channels, make_channels, status_of
+from bench.harness.server import api_key, fronted, served
 
 
-async def one_burst(stubs: list[Any], queries: list[str], calls: int, timeout_s: float,
-                    health: list[Any] | None = None) -> dict[str, Any]:
-    """One burst of Retrieve calls, or of health Checks when ``health`` (their stubs) is given."""
-    import grpc
-    from grpc_health.v1 import health_pb2
-
-    from retrieval.api import retriever_pb2 as pb
-
+async def one_burst(calls: list[Any], queries: list[str], n: int) -> dict[str, Any]:
+    """``n`` calls at once (``calls``: the harness's callables, Retrieve or health Check), each one's latency from
+    the burst's start and from its own send, by status code."""
     t0 = time.perf_counter()
 
     async def call(i: int) -> tuple[str, float, float]:
         sent = time.perf_counter()
         try:
-            if health:
-                await health[i % len(health)].Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-            else:
-                await stubs[i % len(stubs)].Retrieve(pb.RetrieveRequest(query=queries[i % len(queries)], top_k=10,
-                                                                        bypass_cache=True), timeout=timeout_s)
+            await calls[i % len(calls)](queries[i % len(queries)])
             code = "OK"
-        except grpc.aio.AioRpcError as e:
-            code = e.code().name
-        done = time.perf_counter()
-        return code, (done - t0) * 1000.0, (done - sent) * 1000.0
+        except Exception as e:  # noqa: BLE001  (counted by its status)
+            code = status_of(e)
+        return code, ms_since(t0), ms_since(sent)
 
-    results = await asyncio.gather(*(call(i) for i in range(calls)))
+    results = await asyncio.gather(*(call(i) for i in range(n)))
     by_code: dict[str, list[tuple[float, float]]] = {}
     for code, from_start, own in results:
         by_code.setdefault(code, []).append((from_start, own))
@@ -80,31 +62,27 @@ async def one_burst(stubs: list[Any], queries: list[str], calls: int, timeout_s:
 
 async def run(target: str, queries: list[str], calls: int, bursts: int, channels: int, timeout_s: float,
               pause_s: float, rpc: str = "retrieve") -> dict[str, Any]:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from retrieval.api import retriever_pb2 as pb
-    from retrieval.api import retriever_pb2_grpc as pbg
-
-    chans = [grpc.aio.insecure_channel(target) for _ in range(channels)]
-    stubs = [pbg.RetrieverStub(c) for c in chans]
-    healths = [health_pb2_grpc.HealthStub(c) for c in chans]
-    health = health_pb2_grpc.HealthStub(chans[0])
+    spec = LevelSpec(target, tuple(("", q) for q in queries), calls, 0.0, 0.0,
+                     RequestSpec(top_k=10, bypass_cache=True, timeout_s=timeout_s, api_key=api_key()),
+                     channels=channels)
+    chans = make_channels(spec, channels)
+    retrieve = callables(chans, spec)
+    health = callables(chans, replace(spec, rpc="health"))
     try:
         for q in queries[:20]:  # warm-up: connections, sessions
-            await stubs[0].Retrieve(pb.RetrieveRequest(query=q, top_k=10, bypass_cache=True))
+            await retrieve[0](q)
         idle = []
         for _ in range(50):
             t = time.perf_counter()
-            await health.Check(health_pb2.HealthCheckRequest())
-            idle.append((time.perf_counter() - t) * 1000.0)
+            await health[0]("")
+            idle.append(ms_since(t))
         refused: list[float] = []
         refused_own: list[float] = []
         ok: list[float] = []
         other: dict[str, int] = {}
         admitted = []
         for _ in range(bursts):
-            r = await one_burst(stubs, queries, calls, timeout_s, healths if rpc == "health" else None)
+            r = await one_burst(health if rpc == "health" else retrieve, queries, calls)
             own = r.pop("_own")
             refused += r.get("RESOURCE_EXHAUSTED", [])
             refused_own += own.get("RESOURCE_EXHAUSTED", [])
@@ -115,11 +93,10 @@ async def run(target: str, queries: list[str], calls: int, bursts: int, channels
                     other[code] = other.get(code, 0) + len(xs)
             await asyncio.sleep(pause_s)
     finally:
-        for c in chans:
-            await c.close()
+        await close_channels(spec, chans)
     return {"client": "python", "rpc": rpc, "calls_per_burst": calls, "bursts": bursts, "channels": channels,
-            "health_alone": _pct(idle), "refused_from_burst_start": _pct(refused),
-            "refused_own_latency": _pct(refused_own), "ok_from_burst_start": _pct(ok),
+            "health_alone": percentiles(idle), "refused_from_burst_start": percentiles(refused),
+            "refused_own_latency": percentiles(refused_own), "ok_from_burst_start": percentiles(ok),
             "admitted_per_burst": admitted, "other_codes": other}
 
 
@@ -185,9 +162,9 @@ def run_h2load(target: str, query: str, calls: int, bursts: int, channels: int, 
         refused_per_burst.append(n_refused)
         time.sleep(pause_s)
     return {"client": "h2load", "rpc": rpc, "calls_per_burst": calls, "bursts": bursts, "channels": channels,
-            "alone": _pct(idle), "all_from_burst_start": _pct(every),
-            "refused_by_front_from_burst_start": _pct(refused), "passed_from_burst_start": _pct(passed),
-            "refused_by_front_per_burst": refused_per_burst, "send_spread_ms": _pct(spread)}
+            "alone": percentiles(idle), "all_from_burst_start": percentiles(every),
+            "refused_by_front_from_burst_start": percentiles(refused), "passed_from_burst_start": percentiles(passed),
+            "refused_by_front_per_burst": refused_per_burst, "send_spread_ms": percentiles(spread)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.front and not args.index:
         ap.error("--front needs --index (the front is spawned before the spawned server)")
-    queries = [t for _, t in load_query_list(args.dataset, "test", 0)[0]]
+    queries = [t for _, t in query_list(args.dataset, "test", 0)[0]]
 
     def measure(target: str, workdir: Path) -> dict[str, Any]:
         if args.client == "h2load":
@@ -226,20 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.target:
             result = measure(args.target, Path(tmp))
         else:
-            server = spawn_server(Path(args.index).resolve(), args.config, 0, Path(tmp))
-            front = None
-            try:
-                wait_serving(server.target, 300.0, server)
-                target = server.target
-                if args.front:
-                    front, target = spawn_front(server.target, args.front, Path(tmp))
+            with served(args.index, Path(tmp), config=args.config) as server, \
+                    fronted(server.target, args.front, Path(tmp)) as target:
                 result = measure(target, Path(tmp))
-            finally:
-                if front is not None:
-                    from retrieval.serving.front import stop_front
-
-                    stop_front(front)
-                stop_server(server)
     if args.client == "h2load":
         a, r = result["all_from_burst_start"], result["refused_by_front_from_burst_start"]
         print(f"h2load, {args.rpc}: alone p50 {result['alone']['p50_ms']} ms; all calls p50 {a['p50_ms']} ms, p95 "
@@ -254,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{result['other_codes']}")
     if args.json:
         write_result(args.json, f"burst_{Path(args.dataset).name}",
-                     {k: v for k, v in vars(args).items() if k != "json"}, result | {"machine": machine()})
+                     {k: v for k, v in vars(args).items() if k != "json"}, result)
     return 0
 
 

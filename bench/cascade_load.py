@@ -1,44 +1,96 @@
-"""The full cascade against the default path under load, two servers one after the other in one run (issue #26).
+"""Server configurations side by side under load, one after the other in one run (issue #26; the backends too).
 
 Runs ``bench.load`` (closed loop, gRPC, each with its compute floor) once per ``--config`` (the first is the
-reference: the default path), into one JSON, then reports each configuration's p50 at every level and QPS as
-ratios of the reference's from the same run: the issue's targets are the full cascade's p50 at one caller
-<= 2x the default's and its QPS at 16 callers >= 0.4x. Usage::
+reference: the default path) and reports each configuration's p50 at every level and QPS as ratios of the
+reference's from the same run: the issue's targets are the full cascade's p50 at one caller <= 2x the default's
+and its QPS at 16 callers >= 0.4x. ``--front NAME=LIMIT`` measures NAME through ``hybridrag front``. Options this
+script does not know go to ``bench.load`` as they are (e.g. ``--client-procs 4``, ``--limit 40``).
+:func:`run_configs` is the same loop for other scripts (``bench.backends``). Usage::
 
     python -m bench.cascade_load --index indexes/scifact --dataset ../shared/data/beir/scifact \\
-        --config default=configs/default.toml --config cascade=configs/cascade.toml --json results/cascade-load.json
+        --config default= --config cascade=bench/configs/cascade-fast.toml --json results/cascade-load.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import sys
-import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.harness import write_result
-from bench.load import main as load_main
+from bench.harness.loadgen import vs_reference
 
 
-def ratios(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """Per closed-loop level: p50, p99 and QPS of ``other`` over ``reference``.
+@dataclass(frozen=True)
+class Run:
+    """One configuration to measure: its name, server TOML ("" = the defaults), the front's limit (0 = direct),
+    and extra ``bench.load`` options."""
 
-    >>> ratios({"1": {"p50_ms": 10.0, "p99_ms": 20.0, "qps": 100.0}}, {"1": {"p50_ms": 15.0, "p99_ms": 30.0, "qps": 50.0}})
-    {'1': {'p50_ratio': 1.5, 'p99_ratio': 1.5, 'qps_ratio': 0.5}}
+    name: str
+    toml: str = ""
+    front: int = 0
+    options: tuple[str, ...] = ()
+
+
+def measure_config(index: str, dataset: str, run: Run, load_options: Sequence[str]) -> dict[str, Any]:
+    """``bench.load`` on one configuration (no baseline, no JSON): what the side-by-side reports of it."""
+    from bench import load
+
+    argv = ["--index", index, "--dataset", dataset, "--no-baseline", *load_options, *run.options]
+    if run.toml:
+        argv += ["--config", run.toml]
+    if run.front:
+        argv += ["--front", str(run.front)]
+    entry = load.measure(load.build_parser().parse_args(argv))
+    return {"config_file": run.toml, "front": run.front, "closed_loop": entry["closed_loop"], "floor": entry["floor"],
+            "ndcg@10": entry["ndcg@10"], "server": entry["server"]}
+
+
+def run_configs(index: str, dataset: str, runs: Sequence[Run], load_options: Sequence[str],
+                around: Callable[[Run], Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Each run measured in turn, then each one's closed-loop levels against the first's (``vs_reference``).
+    ``around(run)``: a context manager entered around a run's measurement (a process it needs, e.g. an engine)."""
+    out: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        print(f"== {run.name} ({run.toml or 'defaults'}{f', front {run.front}' if run.front else ''})",
+              file=sys.stderr)
+        with around(run) if around else contextlib.nullcontext():
+            out[run.name] = measure_config(index, dataset, run, load_options)
+    ref = out[runs[0].name]["closed_loop"]
+    for r in out.values():
+        r["vs_reference"] = vs_reference(ref, r["closed_loop"])
+    return out
+
+
+def parse_runs(configs: list[str], fronts: list[str]) -> list[Run]:
+    """``NAME=TOML`` configurations and ``NAME=LIMIT`` fronts; a front of a new name runs the first
+    configuration's server behind the front.
+
+    >>> [(r.name, r.toml, r.front) for r in parse_runs(["a=", "b=x.toml"], ["b=8", "c=4"])]
+    [('a', '', 0), ('b', 'x.toml', 8), ('c', '', 4)]
     """
-    def r(a: float | None, b: float | None) -> float | None:
-        return None if not a or b is None else round(b / a, 3)
+    limits = {name: int(limit or 0) for name, _, limit in (f.partition("=") for f in fronts)}
+    runs = [Run(name, toml, limits.get(name, 0)) for name, _, toml in (c.partition("=") for c in configs)]
+    known = {r.name for r in runs}
+    runs += [Run(name, runs[0].toml, limit) for name, limit in limits.items() if name not in known]
+    return runs
 
-    return {c: {"p50_ratio": r(reference[c].get("p50_ms"), e.get("p50_ms")),
-                "p99_ratio": r(reference[c].get("p99_ms"), e.get("p99_ms")),
-                "qps_ratio": r(reference[c].get("qps"), e.get("qps"))}
-            for c, e in other.items() if c in reference}
+
+def print_ratios(runs: dict[str, dict[str, Any]], ref_name: str) -> None:
+    print(f"\nagainst {ref_name}, same run:")
+    for name, run in runs.items():
+        for c, r in run["vs_reference"].items():
+            e = run["closed_loop"][c]
+            print(f"{name:12} C={c:<3} QPS {e['qps']:7.1f} p50 {e['p50_ms']:7.1f} ms  p50 x{r['p50_ratio']}  "
+                  f"QPS x{r['qps_ratio']}  p50/floor {e.get('p50_over_floor')}  nDCG@10 {run['ndcg@10']}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.cascade_load", description=__doc__.split("\n\n")[0])
     ap.add_argument("--index", required=True)
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--config", action="append", required=True, metavar="NAME=TOML",
@@ -52,42 +104,21 @@ def main(argv: list[str] | None = None) -> int:
                          "(bench.load --front); NAME may name a --config or a new run of the first's server config")
     ap.add_argument("--json", required=True)
     args, extra = ap.parse_known_args(argv)
-    fronts = dict(f.partition("=")[::2] for f in args.front)
-    known = {c.partition("=")[0] for c in args.config}
-    for name in fronts:  # a front run of a new name: the reference's server configuration, behind the front
-        if name not in known:
-            args.config.append(f"{name}={args.config[0].partition('=')[2]}")
-    runs: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="hybridrag-cascade-load-") as tmp:
-        for spec in args.config:
-            name, _, toml = spec.partition("=")
-            out = Path(tmp) / f"{name}.json"
-            cmd = ["--index", args.index, "--dataset", args.dataset, "--concurrency", args.concurrency,
-                   "--duration", str(args.duration), "--warmup", str(args.warmup), "--no-baseline",
-                   "--floor-queries", str(args.floor_queries), "--json", str(out), *extra]
-            if toml:
-                cmd += ["--config", toml]
-            if name in fronts:
-                cmd += ["--front", fronts[name]]
-            print(f"== {name} ({toml or 'defaults'})", file=sys.stderr)
-            if load_main(cmd) != 0:
-                return 2
-            (entry,) = json.loads(out.read_text())["load"].values()
-            runs[name] = {"config_file": toml, "front": int(fronts.get(name) or 0),
-                          "closed_loop": entry["closed_loop"], "floor": entry["floor"],
-                          "ndcg@10": entry["ndcg@10"], "server": entry["server"]}
-    ref_name = args.config[0].partition("=")[0]
-    ref = runs[ref_name]["closed_loop"]
-    print(f"\nagainst {ref_name}, same run:")
-    for name, run in runs.items():
-        run["vs_reference"] = ratios(ref, run["closed_loop"])
-        for c, r in run["vs_reference"].items():
-            e = run["closed_loop"][c]
-            print(f"{name:12} C={c:<3} QPS {e['qps']:7.1f} p50 {e['p50_ms']:7.1f} ms  p50 x{r['p50_ratio']}  "
-                  f"QPS x{r['qps_ratio']}  p50/floor {e.get('p50_over_floor')}  nDCG@10 {run['ndcg@10']}")
+    runs = parse_runs(args.config, args.front)
+    options = ["--concurrency", args.concurrency, "--duration", str(args.duration), "--warmup", str(args.warmup),
+               "--floor-queries", str(args.floor_queries), *extra]
+    from bench.load import LoadError
+
+    try:
+        measured = run_configs(args.index, args.dataset, runs, options)
+    except LoadError as e:
+        print(f"bench.cascade_load: {e}", file=sys.stderr)
+        return 2
+    print_ratios(measured, runs[0].name)
     write_result(args.json, "cascade_load", {"dataset": Path(args.dataset).name, "configs": args.config,
-                                             "fronts": args.front, "concurrency": args.concurrency, "duration": args.duration},
-                 {"reference": ref_name, "runs": runs})
+                                             "fronts": args.front, "concurrency": args.concurrency,
+                                             "duration": args.duration, "load_options": extra},
+                 {"reference": runs[0].name, "runs": measured})
     return 0
 
 

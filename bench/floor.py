@@ -1,9 +1,10 @@
 """The compute floor of a request: each stage's own compute, alone, for the same queries the load bench sends.
 
-For each query, on the calling thread (no event loop, no worker pool, no batcher, no server): the query encoding
-(the embedder's pass, with token vectors when late interaction uses them; a ColBERT encoder's own pass when one
-is configured), BM25, HNSW, fusion, MaxSim over the head, and the cross-encoder over its top when it is among the
-stages. Per stage the median; their sum is the **latency floor** of one request. The **throughput floor** is
+For each query, the served stage modules (retrieval/search/stages) run on the calling thread (no event loop, no
+worker pool, no batcher, no server, no cache): the query encoding (the embedder's pass, with token vectors when
+late interaction uses them; a ColBERT encoder's own pass is inside late interaction's time), BM25, HNSW, fusion,
+MaxSim over the head, and the cross-encoder over its top when it is among the stages (its gate and windows as
+served). Per stage the median; their sum is the **latency floor** of one request. The **throughput floor** is
 ``cores / CPU seconds per request`` of that same stage compute (the process's CPU time over the loop, so the ONNX
 and BLAS threads' work counts), the most requests per second the machine could serve if nothing but the stages'
 own work ran. ``bench.load`` reports each closed-loop level against both (``p50_over_floor``, ``qps_over_floor``).
@@ -22,69 +23,48 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from bench.harness import write_result
-
-
-def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
+from bench.harness import median, write_result
 
 
 def measure_floor(pipeline: Any, queries: list[str], stages: tuple[str, ...] | None = None,
                   cores: int | None = None) -> dict[str, Any]:
     """Median ms of each stage's compute over ``queries``, their sum, CPU ms per request and the throughput floor.
-    ``stages``: the request's stages (default: the pipeline's)."""
-    from rerank.cross_encoder import decisive_gap, pairs_for
-    from retrieval.search.pipeline import reorder
-    from retrieval.search.request import SearchRequest
+    ``stages``: the request's stages (default: the pipeline's).
 
-    index = pipeline.index
-    request = pipeline.resolve(SearchRequest.of(queries[0], 10, stages=stages))
+    The stages are the served ones (:mod:`retrieval.search.stages`), run in sequence on this thread with the models
+    called directly (:class:`~retrieval.search.runner.ThreadRunner`), without the pipeline around them (its cache,
+    its deadlines, its pools); each stage's time is what it reports of its own compute. A gated cross-encoder
+    counts as 0, as served."""
+    from retrieval.search.request import SearchRequest
+    from retrieval.search.runner import ThreadRunner
+    from retrieval.search.stages.query import Query
+
+    runner = ThreadRunner(pipeline.models)
+    first, late, ce = pipeline.first_stage, pipeline.li_stage, pipeline.ce_stage
+    request = pipeline.resolve(SearchRequest.of(queries[0], 10, stages=stages, use_cache=False))
+    assert request.stages is not None and request.li_top_k is not None
     stages = request.stages
-    assert stages is not None and request.candidates is not None and request.li_top_k is not None
-    rr = pipeline.config.rerank
-    embedder_tokens = pipeline.models.embedder_tokens
-    want_li = "late_interaction" in stages and pipeline.late_interaction_unavailable(index) is None
+    want_li = "late_interaction" in stages and late.unavailable(pipeline.index) is None
     want_ce = "cross_encoder" in stages and pipeline.cross_encoder is not None
     times: dict[str, list[float]] = {}
 
-    def timed(stage: str, fn: Any) -> Any:
-        t = time.perf_counter()
-        out = fn()
-        times.setdefault(stage, []).append(_ms(t))
-        return out
-
-    def one(q: str) -> None:
-        enc = timed("query_encoding", lambda: pipeline.embedder.encode([q], with_tokens=embedder_tokens and want_li))
-        vec = enc.embeddings[0]
-        tokens = None
+    async def stages_of(q: Query) -> None:
         if want_li:
-            tokens = enc.token_vectors[0].astype(np.float32) if embedder_tokens else \
-                timed("query_tokens", lambda: pipeline.token_encoder.encode_queries([q])[0])
-        bm25 = timed("bm25", lambda: index.bm25.search(q, request.candidates, None)) if "bm25" in stages else None
-        dense = timed("dense", lambda: index.dense.search(vec, request.candidates, None, None)) \
-            if "dense" in stages else None
-        if bm25 is not None and dense is not None:
-            current = timed("fusion", lambda: pipeline.fuse(bm25, dense))
-        else:
-            current = bm25 if bm25 is not None else dense
-        if want_li and tokens is not None:
-            truncated = embedder_tokens and len(tokens) >= pipeline.embedder.config.max_length - 2
-            weight = rr.li_weight_for(len(tokens), truncated)
-            if weight > 0:
-                r = timed("late_interaction", lambda: index.late.rerank(tokens, current.chunk, request.li_top_k,
-                                                                        weight, rr.li_score))
-                current = reorder(current, r)
-        # the cross-encoder as served: its gate, its passage windows, then the pairs (the gate's skips count as 0)
-        if want_ce and rr.ce_gate_gap > 0 and decisive_gap(current.scores[: request.li_top_k]) >= rr.ce_gate_gap:
-            times.setdefault("cross_encoder", []).append(0.0)
+            late.start(q)  # a ColBERT encoder's own pass (the embedder's tokens come with the embedding)
+        hits = await first.run(q, need_tokens=want_li and late.embedder_tokens)
+        if want_li:
+            hits = await late.run(q, hits)
+        if want_ce and ce.gated(hits, request.li_top_k) is None:
+            hits = await ce.run(q, hits)
         elif want_ce:
-            def score() -> Any:
-                passages = pipeline.ce_passages(index, current.chunk[: request.ce_top_k], tokens, rr.ce_window_tokens)
-                return pipeline.cross_encoder.score(pairs_for(q, passages))
+            q.result.timings_ms["cross_encoder"] = 0.0
 
-            timed("cross_encoder", score)
+    def one(text: str) -> None:
+        q = Query(pipeline.resolve(SearchRequest.of(text, 10, stages=stages, use_cache=False)), pipeline.index, runner)
+        ThreadRunner.run(stages_of(q))
+        for stage, ms in q.result.timings_ms.items():
+            if not stage.endswith("_queue"):
+                times.setdefault("query_encoding" if stage == "embed" else stage, []).append(ms)
 
     for q in queries[: min(5, len(queries))]:  # warm-up: sessions, caches, allocations
         one(q)
@@ -94,7 +74,7 @@ def measure_floor(pipeline: Any, queries: list[str], stages: tuple[str, ...] | N
         one(q)
     cpu_ms = (time.process_time() - cpu0) * 1000.0 / len(queries)
     wall_ms = (time.perf_counter() - wall0) * 1000.0 / len(queries)
-    stage_ms = {k: round(float(np.median(v)), 3) for k, v in times.items()}
+    stage_ms = {k: median(v) for k, v in times.items()}
     cores = cores or os.cpu_count() or 1
     return {"queries": len(queries), "stages": list(stages), "stage_p50_ms": stage_ms,
             "floor_ms": round(sum(stage_ms.values()), 3), "mean_wall_ms": round(wall_ms, 3),

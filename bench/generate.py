@@ -1,8 +1,8 @@
 """Generate benchmark: time to first token and total time with the embedded llama.cpp backend, the semantic cache
 on a query log with repeats, paraphrases and near-misses, and Retrieve latency while answers are generated.
 
-All through a real gRPC server on loopback (``BackgroundServer``) with the embedded llama.cpp server (SmolLM2-135M
-Q4_1 by default) in its own process:
+All through a spawned ``hybridrag serve`` on loopback (:mod:`bench.harness.server`) with the embedded llama.cpp
+server (SmolLM2-135M Q4_1 by default) in its own process; a part that needs an empty cache gets a fresh server:
 
 1. ``generate``: the first ``--queries`` test queries, one after another, cache bypassed: client-side time to the
    passages, to the first token and to the end; the server's stats (retrieval ms, tokens in/out).
@@ -10,7 +10,8 @@ Q4_1 by default) in its own process:
    SciFact test claims). Sequence: the originals (they fill the cache), then, shuffled with a fixed seed, exact
    repeats of half the originals, the paraphrases and the near-misses. Run once with the cache and once bypassing
    it, for Retrieve and for Generate; reports hit rates per kind (a near-miss hit is a false hit) and latency.
-   ``cache_overhead``: in process, what a miss costs against no cache, and what a hit costs (150 test queries).
+   ``cache_overhead``: in process (the pipeline as the server opens it), what a miss costs against no cache, and
+   what a hit costs (150 test queries).
 3. ``load``: Retrieve p50/p99 alone, then while ``--streams`` Generate calls run back to back
    with the embedded server at its configured nice value and again at nice 0 (why it runs niced, in its own
    process).
@@ -21,10 +22,11 @@ Usage: python -m bench.generate --dataset ../shared/data/beir/scifact --index ID
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import json
 import random
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,17 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import machine, write_result
+from bench.harness import ms_since, percentiles, query_list, ratio, write_result
+from bench.harness.pipelines import opened
+from bench.harness.server import Server, served
 
 QUERYLOG = Path(__file__).resolve().parent / "querylog" / "scifact_variants.jsonl"
 
 
-def _pct(values: list[float]) -> dict[str, float]:
-    a = np.asarray(values, dtype=np.float64)
-    if not len(a):
-        return {"n": 0}
-    return {"n": len(a), "p50_ms": round(float(np.percentile(a, 50)), 1), "p95_ms": round(float(np.percentile(a, 95)), 1),
-            "p99_ms": round(float(np.percentile(a, 99)), 1), "mean_ms": round(float(a.mean()), 1)}
+def _pct(values: list[float]) -> dict[str, Any]:
+    return percentiles(values, 1)
 
 
 def _generate_once(client, question: str, top_k: int, max_tokens: int, bypass: bool) -> dict[str, Any]:
@@ -149,31 +149,34 @@ def _generate_part(c, questions: list[str], args: argparse.Namespace) -> dict[st
                                      / max(sum(s.generation_ms - s.time_to_first_token_ms for s in st) / 1000, 1e-9), 1)}
 
 
-def _cache_part(c, cache_obj, config, args: argparse.Namespace, phase) -> dict[str, Any]:
-    def retrieve(text: str, bypass: bool):
+def _retrieve_log(c: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The query log through Retrieve, with the cache then bypassing it (a fresh server: the cache starts empty)."""
+    def retrieve(text: str, bypass: bool) -> tuple[float, bool]:
         t = time.perf_counter()
         r = c.retrieve(text, 10, bypass_cache=bypass)
-        return (time.perf_counter() - t) * 1000, r.cache_hit
+        return ms_since(t), r.cache_hit
 
-    def generate(text: str, bypass: bool):
+    log = query_log(Path(args.querylog), 0, args.log_sources)
+    out: dict[str, Any] = {"log_requests": len(log)}
+    out["retrieve_cached"] = run_log(retrieve, log, False)
+    out["retrieve_uncached"] = run_log(retrieve, log, True)
+    out["retrieve_speedup_mean"] = ratio(out["retrieve_uncached"]["all"]["mean_ms"],
+                                         out["retrieve_cached"]["all"]["mean_ms"], 2)
+    return out
+
+
+def _generate_log(c: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The first sources of the log through Generate, with the cache then bypassing it (a fresh server)."""
+    def generate(text: str, bypass: bool) -> tuple[float, bool]:
         r = _generate_once(c, text, args.top_k, args.max_tokens, bypass)
         return r["total_ms"], r["stats"].cache_hit
 
-    log = query_log(Path(args.querylog), 0, args.log_sources)
-    cache_obj.clear()
-    out: dict[str, Any] = {"log_requests": len(log), "threshold": config.cache.threshold, "guard": config.cache.guard}
-    out["retrieve_cached"] = run_log(retrieve, log, False)
-    out["retrieve_uncached"] = run_log(retrieve, log, True)
-    out["retrieve_speedup_mean"] = round(out["retrieve_uncached"]["all"]["mean_ms"]
-                                         / out["retrieve_cached"]["all"]["mean_ms"], 2)
-    phase("retrieve log done")
     small = query_log(Path(args.querylog), 0, args.generate_log_sources)
-    cache_obj.clear()
-    out["generate_log_requests"] = len(small)
+    out: dict[str, Any] = {"generate_log_requests": len(small)}
     out["generate_cached"] = run_log(generate, small, False)
     out["generate_uncached"] = run_log(generate, small, True)
-    out["generate_speedup_mean"] = round(out["generate_uncached"]["all"]["mean_ms"]
-                                         / out["generate_cached"]["all"]["mean_ms"], 2)
+    out["generate_speedup_mean"] = ratio(out["generate_uncached"]["all"]["mean_ms"],
+                                         out["generate_cached"]["all"]["mean_ms"], 2)
     return out
 
 
@@ -190,19 +193,20 @@ def _cache_overhead_part(pipeline, questions: list[str]) -> dict[str, Any]:
                 t = time.perf_counter()
                 r = pipeline.search(q, 10, use_cache=mode == "miss")
                 if not r.cache_hit:  # near-duplicate questions in the set hit each other: not a miss
-                    lat[mode].append((time.perf_counter() - t) * 1000)
+                    lat[mode].append(ms_since(t))
     for q in questions:  # fill
         pipeline.search(q, 10)
     for q in questions:
         t = time.perf_counter()
         r = pipeline.search(q, 10)
         if r.cache_hit:
-            lat["hit"].append((time.perf_counter() - t) * 1000)
+            lat["hit"].append(ms_since(t))
     return {k: _pct(v) for k, v in lat.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.generate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, help="BEIR folder (its test queries)")
     ap.add_argument("--index", required=True, help="index folder built from that corpus")
     ap.add_argument("--queries", type=int, default=30)
@@ -218,84 +222,82 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0 = all cores)")
     ap.add_argument("--parts", default="generate,cache,cache_overhead,load",
                     help="which of generate, cache, cache_overhead, load to run")
+    ap.add_argument("--server-timeout", type=float, default=300.0)
     ap.add_argument("--config")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
 
-    from retrieval.config import ServerConfig, load_config
-    from retrieval.evaluate import load_qrels, load_queries
-    from retrieval.generation.generator import open_generator
-    from retrieval.search.pipeline import Pipeline
+    from retrieval.config import load_config
     from retrieval.serving.client import ClientOptions, RetrieverClient
-    from retrieval.serving.grpc_service import BackgroundServer
 
     config = load_config(args.config)
-    queries = load_queries(args.dataset)
-    test = [queries[q] for q in load_qrels(args.dataset, "test") if q in queries]
-    pipeline = Pipeline.open(args.index, config)
-    result: dict[str, Any] = {"dataset": Path(args.dataset).name, "max_tokens": args.max_tokens, "top_k": args.top_k}
-
-    def start(nice: int):
-        g = config.generation
-        gen = dataclasses.replace(g, embedded=dataclasses.replace(g.embedded, threads=args.threads, nice=nice),
-                                  max_tokens=args.max_tokens, max_tokens_limit=max(args.max_tokens, g.max_tokens_limit))
-        setup = open_generator(pipeline, gen, pipeline.cache)
-        if setup.embedded is not None:
-            t = time.perf_counter()
-            setup.embedded.start()
-            result.setdefault("embedded_start_s", round(time.perf_counter() - t, 2))
-        return BackgroundServer(pipeline, ServerConfig(port=0), generation=setup), setup
-
+    test = [t for _, t in query_list(args.dataset, "test")[0]]
+    result: dict[str, Any] = {"dataset": Path(args.dataset).name, "max_tokens": args.max_tokens, "top_k": args.top_k,
+                              "threshold": config.cache.threshold, "guard": config.cache.guard}
     t_bench = time.perf_counter()
 
     def phase(name: str) -> None:
         print(f"[{time.perf_counter() - t_bench:7.1f} s] {name}", file=sys.stderr)
 
-    server, setup = start(config.generation.embedded.nice)
-    result["model"] = setup.describe()
-    phase("embedded server started")
-    try:
-        with RetrieverClient(server.target, ClientOptions(timeout=600)) as c:
-            for q in test[: args.warmup]:
-                _generate_once(c, q, args.top_k, 8, True)
-            if "generate" in parts:
+    def client(server: Server) -> RetrieverClient:
+        return RetrieverClient(server.target, ClientOptions(timeout=600))
+
+    with tempfile.TemporaryDirectory(prefix="hybridrag-generate-") as tmp, contextlib.ExitStack() as stack:
+        def fresh(nice: int | None = None) -> Server:
+            """A new server (an empty cache), the previous one stopped; the first Generate waits for its LLM."""
+            stack.close()
+            env = {"HYBRIDRAG_GENERATION__EMBEDDED__THREADS": str(args.threads),
+                   "HYBRIDRAG_GENERATION__MAX_TOKENS": str(args.max_tokens),
+                   "HYBRIDRAG_GENERATION__MAX_TOKENS_LIMIT": str(max(args.max_tokens, config.generation.max_tokens_limit))}
+            if nice is not None:
+                env["HYBRIDRAG_GENERATION__EMBEDDED__NICE"] = str(nice)
+            t = time.perf_counter()
+            server = stack.enter_context(served(args.index, Path(tmp), config=args.config, llm=True, env=env,
+                                                timeout_s=args.server_timeout))
+            with client(server) as c:
+                for q in test[: max(1, args.warmup)]:  # bypass: nothing enters the cache
+                    first = _generate_once(c, q, args.top_k, 8, True)
+            result.setdefault("first_answers_s", round(time.perf_counter() - t, 2))
+            result.setdefault("model", first["stats"].model)
+            phase(f"server up (nice {config.generation.embedded.nice if nice is None else nice})")
+            return server
+
+        server = fresh()
+        if "generate" in parts:
+            with client(server) as c:
                 result["generate"] = _generate_part(c, test[: args.queries], args)
-                phase(f"generate: {json.dumps(result['generate'])}")
-            if "cache" in parts:
-                assert pipeline.cache is not None, "the semantic cache is off in this configuration"
-                result["cache"] = _cache_part(c, pipeline.cache, config, args, phase)
-                phase(f"cache: {json.dumps(result['cache'])}")
-        if "cache_overhead" in parts:
-            assert pipeline.cache is not None, "the semantic cache is off in this configuration"
-            result["cache_overhead"] = _cache_overhead_part(pipeline, test[:150])
-            phase(f"cache overhead: {json.dumps(result['cache_overhead'])}")
+            phase(f"generate: {json.dumps(result['generate'])}")
+        if "cache" in parts:
+            with client(server) as c:  # bypassed calls only so far: the cache is empty
+                result["cache"] = _retrieve_log(c, args)
+            phase("retrieve log done")
+            server = fresh()
+            with client(server) as c:
+                result["cache"].update(_generate_log(c, args))
+            phase(f"cache: {json.dumps(result['cache'])}")
         if "load" in parts:
-            with RetrieverClient(server.target, ClientOptions(timeout=600)) as c:
+            with client(server) as c:
                 idle = _retrieve_load(c, test, args.load_seconds)
             loaded: dict[str, Any] = {"idle": _pct(idle), "streams": args.streams}
             levels = [(f"nice_{config.generation.embedded.nice}", None)] + ([] if args.no_nice_compare else [("nice_0", 0)])
             for label, nice in levels:
                 if nice is not None:
-                    server.stop()
-                    if setup.embedded is not None:
-                        setup.embedded.stop()
-                    server, setup = start(nice)
-                with RetrieverClient(server.target, ClientOptions(timeout=600)) as c:
+                    server = fresh(nice)
+                with client(server) as c:
                     lat, done = _with_generate_load(server.target, test, args.streams, args.top_k, args.max_tokens,
                                                     lambda c=c: _retrieve_load(c, test, args.load_seconds))
-                loaded[label] = {**_pct(lat), "generations_done": done[0],
-                                 "p50_ratio": round(float(np.percentile(lat, 50) / np.percentile(idle, 50)), 2),
-                                 "p99_ratio": round(float(np.percentile(lat, 99) / np.percentile(idle, 99)), 2)}
+                loaded[label] = {**_pct(lat), "generations_done": done[0]}
+                loaded[label]["p50_ratio"] = ratio(loaded[label]["p50_ms"], loaded["idle"]["p50_ms"], 2)
+                loaded[label]["p99_ratio"] = ratio(loaded[label]["p99_ms"], loaded["idle"]["p99_ms"], 2)
                 phase(f"retrieve under generate, {label}")
             result["retrieve_under_generate"] = loaded
             phase(f"retrieve under generate: {json.dumps(loaded)}")
-    finally:
-        server.stop()
-        if setup.embedded is not None:
-            setup.embedded.stop()
-        pipeline.close()
-    result["machine"] = machine()
+    if "cache_overhead" in parts:
+        with opened(args.index, config) as pipeline:
+            assert pipeline.cache is not None, "the semantic cache is off in this configuration"
+            result["cache_overhead"] = _cache_overhead_part(pipeline, test[:150])
+        phase(f"cache overhead: {json.dumps(result['cache_overhead'])}")
     if args.json:
         write_result(args.json, "generate", {"dataset": result["dataset"], "max_tokens": args.max_tokens,
                                              "queries": args.queries, "top_k": args.top_k, "parts": args.parts,

@@ -3,14 +3,18 @@
 1. Which execution providers this onnxruntime build has, and what a session asked for TensorRT then CUDA really
    runs on (TensorRT's libraries are absent on most machines: the session must fall back with a log line, not fail).
 2. Each model role on each provider it can run on: the query encoder (one query, with its token vectors, as the
-   default path calls it) and the cross-encoder (the top 5 of a request, whole 128-piece pairs and 48-piece
-   windows), at batch 1 and at the batch sizes cross-request batching forms; median ms per call and per item. On a
-   GPU the per-item cost falls with the batch, which is why the batcher stays.
+   default path calls it), a ColBERT query encoder (``--late-interaction DIR``) and the cross-encoder (the top 5 of
+   a request, whole 128-piece pairs and 48-piece windows), at batch 1 and at the batch sizes cross-request batching
+   forms (``--batches``); median ms per call and per item, items per second per batch size and the gain of the
+   largest batch over batch 1: what a bigger batch saves at all on that provider, the ceiling of what cross-request
+   batching can give (``bench.batching`` measures what it gives). On a GPU the per-item cost falls with the batch,
+   which is why the batcher stays.
 
 Usage::
 
     python -m bench.gpu_check --models models [--providers CUDAExecutionProvider] [--json F]
     python -m bench.gpu_check --embedder "" --cross-encoder DIR --providers CPUExecutionProvider   # the CPU check
+    python -m bench.gpu_check --embedder "" --cross-encoder DIR --providers CPUExecutionProvider --batches 1,4,16
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import write_result
+from bench.harness import ints, median, ratio, write_result
 
 QUERIES = [
     "0-dimensional biomaterials show inductive properties.",
@@ -46,7 +50,22 @@ def _median_ms(fn: Any, repeats: int) -> float:
         t = time.perf_counter()
         fn()
         ts.append((time.perf_counter() - t) * 1000.0)
-    return round(float(np.median(ts)), 3)
+    out = median(ts)
+    assert out is not None
+    return out
+
+
+def scaling(fn: Any, make_batch: Any, sizes: list[int], repeats: int) -> dict[str, Any]:
+    """``fn(make_batch(n))`` timed at each batch size: median ms per call and per item, items per second, and the
+    largest batch's items per second over batch 1's."""
+    per_item, per_s = {}, {}
+    for n in sizes:
+        batch = make_batch(n)
+        ms = _median_ms(lambda b=batch: fn(b), max(2, repeats // max(1, n // 4)))
+        per_item[str(n)] = round(ms / n, 4)
+        per_s[str(n)] = round(n * 1000.0 / ms, 1) if ms > 0 else None
+    return {"per_item_ms": per_item, "items_per_s": per_s,
+            "gain_largest_vs_1": ratio(per_s.get(str(max(sizes))), per_s.get("1"), 2) if 1 in sizes else None}
 
 
 def provider_fallback(model_dir: str) -> dict[str, Any]:
@@ -64,10 +83,13 @@ def provider_fallback(model_dir: str) -> dict[str, Any]:
 
 
 def role_timings(embedder: str, cross_encoder: Path | None, provider: str, repeats: int,
-                 ce_requests: int = 13) -> dict[str, Any]:
-    """``embedder``: a model folder ("" = the bundled model); ``cross_encoder``: a model folder or None (skipped)."""
+                 ce_requests: int = 13, batches: tuple[int, ...] = (1, 16, 64),
+                 late_interaction: str = "") -> dict[str, Any]:
+    """``embedder``: a model folder ("" = the bundled model); ``cross_encoder``: a model folder or None (skipped);
+    ``late_interaction``: a ColBERT model folder ("" = skipped)."""
     from index_builder.models import CrossEncoder, CrossEncoderConfig, Embedder, EmbedderConfig
     from index_builder.onnx_runner import RuntimeConfig
+    from index_builder.token_encoders import ColbertEncoder, TokenEncoderConfig
 
     rt = RuntimeConfig(providers=(provider,))
     out: dict[str, Any] = {"provider": provider}
@@ -75,11 +97,17 @@ def role_timings(embedder: str, cross_encoder: Path | None, provider: str, repea
     out["embedder_runs_on"] = emb.model.providers
     q = QUERIES[0]
     out["query_encoding_ms"] = _median_ms(lambda: emb.encode([q], with_tokens=True), repeats)
-    for n in (16, 64):
-        batch = (QUERIES * 16)[:n]
-        ms = _median_ms(lambda b=batch: emb.encode(b, with_tokens=True), max(2, repeats // 4))
-        out[f"query_encoding_batch{n}_ms"] = ms
-        out[f"query_encoding_batch{n}_per_item_ms"] = round(ms / n, 4)
+    def queries(n: int) -> list[str]:
+        return (QUERIES * (n // len(QUERIES) + 1))[:n]
+
+    out["query_encoding_scaling"] = scaling(lambda b: emb.encode(b, with_tokens=True), queries, list(batches), repeats)
+    for n in (b for b in batches if b > 1):
+        per_item = out["query_encoding_scaling"]["per_item_ms"][str(n)]
+        out[f"query_encoding_batch{n}_ms"] = round(per_item * n, 3)
+        out[f"query_encoding_batch{n}_per_item_ms"] = per_item
+    if late_interaction:
+        colbert = ColbertEncoder(TokenEncoderConfig(model=late_interaction, runtime=rt))
+        out["query_tokens_scaling"] = scaling(colbert.encode_queries, queries, list(batches), repeats)
     if cross_encoder is not None and cross_encoder.is_dir():
         ce = CrossEncoder(CrossEncoderConfig(model=str(cross_encoder), runtime=rt))
         out["cross_encoder_runs_on"] = ce.model.providers
@@ -91,11 +119,13 @@ def role_timings(embedder: str, cross_encoder: Path | None, provider: str, repea
         ms = _median_ms(lambda: ce.score(wide), max(2, repeats // 4))
         out[f"ce_{len(wide)}pairs_ms"] = ms
         out[f"ce_{len(wide)}pairs_per_pair_ms"] = round(ms / len(wide), 4)
+        # requests' top 5 gathered into one call, per batch size of requests
+        out["cross_encoder_scaling"] = scaling(ce.score, lambda n: whole * n, list(batches), repeats)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="models", help="folder holding minilm-fp16/ and ce-minilm-l6-fp16/ (the "
                     "defaults of --embedder and --cross-encoder)")
     ap.add_argument("--embedder", help="the query encoder's model folder (default MODELS/minilm-fp16; \"\" = the "
@@ -106,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated; fp16 models on the CPU provider are slow (casts): not a CPU figure")
     ap.add_argument("--repeats", type=int, default=100)
     ap.add_argument("--ce-requests", type=int, default=13, help="requests' top 5 in the batched cross-encoder call")
+    ap.add_argument("--batches", default="1,16,64", help="batch sizes of the scaling figures (requests per call)")
+    ap.add_argument("--late-interaction", default="", help="a ColBERT model folder: its query encoder timed too")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -123,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{p}: not in this build, skipped")
             continue
         repeats = args.repeats if p != "CPUExecutionProvider" else max(2, args.repeats // 5)
-        r = role_timings(embedder, cross_encoder, p, repeats, args.ce_requests)
+        r = role_timings(embedder, cross_encoder, p, repeats, args.ce_requests, tuple(ints(args.batches)),
+                         args.late_interaction)
         result["roles"].append(r)
         print(r)
     if args.json:

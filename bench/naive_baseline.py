@@ -428,20 +428,20 @@ class NaiveBaseline:
             for name, s in stage.items():
                 stages[name].append(s)
         wall = time.perf_counter() - t_all
-        lat = np.asarray(latencies) * 1000
-        if not len(lat):
+        if not latencies:
             return {"queries": 0, "run": {}}
+        from bench.harness import percentiles
+
         return {
-            "queries": len(items), "qps": round(len(items) / wall, 3),
-            "p50_ms": round(float(np.percentile(lat, 50)), 2), "p95_ms": round(float(np.percentile(lat, 95)), 2),
-            "p99_ms": round(float(np.percentile(lat, 99)), 2), "mean_ms": round(float(lat.mean()), 2),
+            "queries": len(items), "qps": round(len(items) / wall, 3), **percentiles(x * 1000 for x in latencies),
             "stage_ms": {name: round(statistics.fmean(v) * 1000, 2) for name, v in stages.items()},
             "run": run,
         }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.naive_baseline", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, help="BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/)")
     ap.add_argument("--split", default="test")
     ap.add_argument("--limit", type=int, default=0, help="only the first N judged queries")
@@ -451,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ce-max-length", type=int, default=None, help="cross-encoder pair length (default: the model's)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", help="merge the result into this JSON file")
     args = ap.parse_args(argv)
 
     from retrieval.evaluate import evaluate, judged_queries
@@ -473,6 +474,10 @@ def main(argv: list[str] | None = None) -> int:
         "cache_dir": str(baseline.cache_dir),
     }
     print(json.dumps(out, indent=1))
+    if args.json:
+        from bench.harness import write_result
+
+        write_result(args.json, "naive_baseline", {k: v for k, v in vars(args).items() if k != "json"}, out)
     return 0
 
 

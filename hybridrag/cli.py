@@ -1,4 +1,4 @@
-"""``hybridrag`` command line: build, eval, search, serve, query, ask, quickstart, bench load.
+"""``hybridrag`` command line: build, eval, search, serve, query, ask, quickstart, bench NAME.
 
 The edge of the program: only here are arguments parsed, config files and the environment read, and logging set.
 """
@@ -396,11 +396,16 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_load(args: argparse.Namespace) -> int:
-    """The load benchmark (``bench/load.py``): its own options follow ``bench load``."""
-    import bench.load
+def cmd_bench(args: argparse.Namespace) -> int:
+    """A benchmark or tuning study (``bench.SCRIPTS``): its own options follow ``bench NAME``."""
+    import importlib
 
-    return bench.load.main(args.bench_args, prog="hybridrag bench load")
+    from bench import SCRIPTS
+
+    module = importlib.import_module(SCRIPTS[args.bench_command][0])
+    if args.bench_command == "load":
+        return module.main(args.bench_args, prog="hybridrag bench load")
+    return module.main(args.bench_args)
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
@@ -595,11 +600,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(r)
     r.set_defaults(func=cmd_index_rebuild)
 
-    p = sub.add_parser("bench", help="benchmarks (from the repository checkout)")
+    from bench import SCRIPTS
+
+    p = sub.add_parser("bench", help="benchmarks and tuning studies (from the repository checkout; bench/README.md)")
     bsub = p.add_subparsers(dest="bench_command", required=True)
-    q = bsub.add_parser("load", add_help=False, help="load benchmark over gRPC: closed and open loop, client check, "
-                                                     "nDCG@10, naive baseline (options: hybridrag bench load --help)")
-    q.set_defaults(func=cmd_bench_load, verbose=False, bench_args=[])
+    for name, (module, what) in SCRIPTS.items():  # each parses its own options: hybridrag bench NAME --help
+        q = bsub.add_parser(name, add_help=False, help=f"{what} (python -m {module})")
+        q.set_defaults(func=cmd_bench, verbose=False, bench_args=[])
 
     p = sub.add_parser("quickstart", help="build the sample corpus index, answer sample queries, generate an answer")
     p.add_argument("--out", default="indexes/sample")

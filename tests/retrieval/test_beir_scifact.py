@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bench.ood import build as build_ood
 from hybridrag.cli import main
+from retrieval.evaluate import build_ood_set
 from tests.helpers import REPO
 
 SCIFACT = REPO.parent / "shared" / "data" / "beir" / "scifact"
@@ -43,9 +43,9 @@ def test_scifact_build_and_eval(tmp_path):
     # the first 126 word pieces of each 480-piece chunk (measured: 0.6960 against fused 0.7162). The default
     # profile's figures (0.7470 against 0.7222) are in docs/results/cascade-robustness.md.
     # Out of domain, the served default must not lose to the fused list: the doc-query set built from the test
-    # judgments (bench/ood.py; passage-sized queries, which the encoder cuts: late interaction skips them)
+    # judgments (retrieval.evaluate.build_ood_set; passage-sized queries, which the encoder cuts: late interaction skips them)
     ood = tmp_path / "scifact-docq-test"
-    info = build_ood(SCIFACT, "test", ood)
+    info = build_ood_set(SCIFACT, "test", ood)
     ood_json = tmp_path / "ood.json"
     assert main(["eval", "--dataset", str(ood), "--index", str(tmp_path / "index"), "--quiet", "--rerank",
                  "late_interaction", "--config", str(REPO / "tests" / "scifact-ci.toml"), "--json", str(ood_json)]) == 0

@@ -12,23 +12,29 @@ alike. Variants:
   has it), on full passages and on windows;
 * ``student``: a smaller cross-encoder distilled from the teacher (``--student DIR``, ``hybridrag train
   cross-encoder --teacher``), on windows;
+* the runtime's own levers on whole passages (what was ``bench.ce_latency``): the pair length (``max_length 256``
+  and ``192`` against the configured ``--max-length``), one intra-op thread, ONNX Runtime's basic graph
+  optimisation instead of all;
 * gating, for each variant: skip the cross-encoder when late interaction's head is already decisive (the z-score
   gap between its first two is over a threshold); thresholds at the 0/25/50/75% quantiles of the gap.
 
 Each row: nDCG@10 of the final list (the cross-encoder alone on the head, ``ce_weight`` 1, and blended at 0.5),
 the p50/p95 ms of one request's scoring, and its mean over the queries (gated rows count skipped ones as 0 ms).
-The baseline is ``full`` fp32 of the same run. Usage::
+The baseline is ``full`` fp32 of the same run; each variant's logits are also compared with it (Pearson over
+every pair, and the share of queries whose reordered top K is the same). Usage::
 
-    python -m bench.ce_levers --dataset ../shared/data/beir/scifact --index indexes/scifact \\
+    python -m bench.studies.ce_levers --dataset ../shared/data/beir/scifact --index indexes/scifact \\
         --model ../shared/models/ce-minilm-l6-beir-train [--student models/ce-student] --json results/ce-levers.json
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +42,8 @@ from typing import Any
 import numpy as np
 import pytrec_eval
 
-from bench.harness import machine, write_result
+from bench.harness import median, percentiles, write_result
+from bench.harness.pipelines import opened
 from index_builder.export import quantize_model
 from index_builder.models import CrossEncoder, CrossEncoderConfig
 from index_builder.onnx_runner import RuntimeConfig
@@ -44,7 +51,8 @@ from rerank.cross_encoder import decisive_gap
 from rerank.late_interaction import rerank_head
 from retrieval.config import load_config
 from retrieval.evaluate import docs_to_run, judged_queries
-from retrieval.search.pipeline import Pipeline
+
+Pipeline = Any  # retrieval.app.open_pipeline's
 
 WIDTHS = (32, 48, 64)
 
@@ -61,11 +69,11 @@ class Query:
 
 
 def windows_of(pipeline: Pipeline, tokens: np.ndarray, chunks: np.ndarray, width: int, with_title: bool) -> list[str]:
-    """Each head chunk's best ``width``-token window, as served (``Pipeline.ce_passages``); ``with_title``: after
-    its title when the window does not start with it."""
+    """Each head chunk's best ``width``-token window, as served (the cross-encoder stage's ``passages``);
+    ``with_title``: after its title when the window does not start with it."""
     index = pipeline.index
     out = []
-    for c, text in zip(chunks.tolist(), pipeline.ce_passages(index, chunks, tokens, width), strict=True):
+    for c, text in zip(chunks.tolist(), pipeline.ce_stage.passages(index, chunks, tokens, width), strict=True):
         title = index.documents[index.chunks[c]["doc"]].title
         if with_title and title and not text.startswith(title):
             text = f"{title}\n{text}"
@@ -127,9 +135,9 @@ def rows(pipeline: Pipeline, qrels: dict[str, dict[str, int]], queries: list[Que
                     order = rerank_head(q.scores[name], len(q.doc), weight).order
                     runs[q.qid] = q.doc if gated else q.doc[order]
                 cost = np.where(gaps >= thr, 0.0, ms) if share else ms
+                lat = percentiles(ms.tolist())
                 row: dict[str, Any] = {"variant": name, "ce_weight": weight, "ndcg@10": ndcg(pipeline, qrels, runs),
-                                       "ms_p50": round(float(np.median(ms)), 2),
-                                       "ms_p95": round(float(np.percentile(ms, 95)), 2),
+                                       "ms_p50": lat["p50_ms"], "ms_p95": lat["p95_ms"],
                                        "ms_mean": round(float(cost.mean()), 2)}
                 if share:
                     row.update(gate_gap=round(thr, 3), skipped=round(float((gaps >= thr).mean()), 3))
@@ -148,8 +156,15 @@ def agreement(queries: list[Query], a: str, b: str) -> float:
     return round(float(np.corrcoef(x, y)[0, 1]), 4)
 
 
+def same_head(queries: list[Query], a: str, b: str) -> float:
+    """The share of queries whose head, reordered by each variant alone (``ce_weight`` 1), is the same."""
+    same = [np.array_equal(np.argsort(-q.scores[a], kind="stable"), np.argsort(-q.scores[b], kind="stable"))
+            for q in queries]
+    return round(float(np.mean(same)), 3) if same else 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.studies.ce_levers", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--split", default="test")
     ap.add_argument("--index", required=True)
@@ -171,30 +186,38 @@ def main(argv: list[str] | None = None) -> int:
     queries, qrels = judged_queries(Path(args.dataset), args.split, args.limit)
     runtime = RuntimeConfig(intra_op_threads=args.threads)
 
-    def ce(folder: str | Path) -> CrossEncoder:
-        return CrossEncoder(CrossEncoderConfig(model=str(folder), max_length=args.max_length, runtime=runtime))
+    def ce(folder: str | Path, max_length: int = 0, rt: RuntimeConfig | None = None) -> CrossEncoder:
+        return CrossEncoder(CrossEncoderConfig(model=str(folder), max_length=max_length or args.max_length,
+                                               runtime=rt or runtime))
 
     def int8(folder: str, out: str) -> Path:
         quantize_model(Path(folder), Path(out), force=True)
         return Path(out)
 
-    models = {"fp32": ce(args.model), "int8": ce(int8(args.model, args.int8_dir))}
+    # every model a variant may score with, made only when a kept variant needs it (int8 copies are written)
+    factories: dict[str, Callable[[], CrossEncoder]] = {
+        "fp32": lambda: ce(args.model), "int8": lambda: ce(int8(args.model, args.int8_dir))}
     variants = [("full fp32", "fp32", "full"), ("full int8", "int8", "full")]
+    # the runtime's levers on whole passages (bench.ce_latency before): pair length, threads, graph optimisation
+    levers = {f"max_length {n}": (n, runtime) for n in (256, 192) if n != args.max_length}
+    levers["1 thread"] = (0, RuntimeConfig(intra_op_threads=1))
+    levers["graph opt basic"] = (0, RuntimeConfig(intra_op_threads=args.threads, graph_optimization="basic"))
+    for lever, (max_length, rt) in levers.items():
+        factories[lever] = functools.partial(ce, args.model, max_length, rt)
+        variants.append((f"full fp32 {lever}", lever, "full"))
     for w in WIDTHS:
         variants += [(f"window{w} fp32", "fp32", f"window{w}"), (f"title+window{w} fp32", "fp32", f"title+window{w}"),
                      (f"window{w} int8", "int8", f"window{w}")]
     for i, folder in enumerate(args.student):
         key = f"student{i}" if len(args.student) > 1 else "student"
-        models[key] = ce(folder)
+        factories[key] = functools.partial(ce, folder)
+        factories[key + " int8"] = functools.partial(lambda f, out: ce(int8(f, out)), folder, f"{args.int8_dir}-{key}")
         variants += [(f"{key} full", key, "full"), (f"{key} window48", key, "window48"),
-                     (f"{key} window64", key, "window64")]
-        models[key + " int8"] = ce(int8(folder, args.int8_dir + "-" + key))
-        variants += [(f"{key} int8 window48", key + " int8", "window48")]
-
+                     (f"{key} window64", key, "window64"), (f"{key} int8 window48", key + " int8", "window48")]
     if args.only:
         variants = [v for v in variants if v[0] == "full fp32" or re.search(args.only, v[0])]
-    pipeline = Pipeline.open(Path(args.index), config)
-    try:
+    models = {key: factories[key]() for key in dict.fromkeys(m for _, m, _ in variants)}
+    with opened(args.index, config) as pipeline:
         t = time.perf_counter()
         qs = collect(pipeline, queries, args.top_k)
         print(f"collected {len(qs)} queries in {time.perf_counter() - t:.0f} s", file=sys.stderr)
@@ -203,13 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         score_all(qs, models, variants, args.repeats)
         print(f"scored {len(variants)} variants in {time.perf_counter() - t:.0f} s", file=sys.stderr)
         table = rows(pipeline, qrels, qs, [v[0] for v in variants], args.top_k)
-        pieces = {name: float(np.median([sum(len(e.ids) for e in models["fp32"].model.tokenize(
-            [(q.text, p) for p in q.texts[text]])) / len(q.texts[text]) for q in qs])) for name, _, text in variants}
-    finally:
-        pipeline.close()
+        pieces = {name: median([sum(len(e.ids) for e in models["fp32"].model.tokenize(
+            [(q.text, p) for p in q.texts[text]])) / len(q.texts[text]) for q in qs], 1) for name, _, text in variants}
     agree = {name: agreement(qs, "full fp32", name) for name, _, _ in variants if name != "full fp32"}
+    same = {name: same_head(qs, "full fp32", name) for name, _, _ in variants if name != "full fp32"}
     result = {"queries": len(qs), "top_k": args.top_k, "rows": table, "pearson_vs_full_fp32": agree,
-              "median_pair_pieces": pieces, "machine": machine()}
+              "same_head_order_as_full_fp32": same, "median_pair_pieces": pieces}
     print(f"{'variant':32} {'w':>4} {'skip':>5} {'nDCG@10':>8} {'p50 ms':>7} {'mean ms':>8} {'cost':>6}")
     for r in table:
         print(f"{r['variant']:32} {r.get('ce_weight', ''):>4} {r.get('skipped', 0):>5} {r['ndcg@10']:>8.4f} "

@@ -16,7 +16,7 @@ policy for the late-interaction weight is then scored offline from those arrays,
   many generic tokens then do not outvote its few discriminative ones by sheer number... or they do: measured).
 
 A policy's robustness is its *worst* gain over the fused list across the tuning sets (SciFact train, NFCorpus dev
-and the doc-query sets built from those splits by :mod:`bench.ood`); the chosen one maximises that, ties broken by
+and the doc-query sets built from those splits by :mod:`bench.studies.ood`); the chosen one maximises that, ties broken by
 the mean gain, then by fewer parameters. Test splits are reported, never used to choose. Cross-dataset checks:
 the same choice made on one dataset's tuning sets, read on the other's test sets.
 
@@ -24,7 +24,7 @@ the same choice made on one dataset's tuning sets, read on the other's test sets
 
 Usage::
 
-    python -m bench.cascade_robustness \\
+    python -m bench.studies.cascade_robustness \\
         --set scifact:tune:../shared/data/beir/scifact:IDX_SCIFACT:train \\
         --set scifact-docq:tune:OOD/scifact-docq-train:IDX_SCIFACT:train ... \\
         [--cross-encoder ../shared/models/ce-minilm-l6-beir-train] [--bm25-grid] --json results/robustness.json
@@ -33,26 +33,31 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import itertools
 import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bm25s
 import numpy as np
 import pytrec_eval
 
+from bench.harness import median, write_result
+from bench.harness.pipelines import opened, with_sections
 from index_builder.types import Hits
 from rerank.late_interaction import head_scores, rerank_head
 from rerank.maxsim import token_maxsims
 from retrieval.config import load_config
 from retrieval.evaluate import docs_to_run, judged_queries
 from retrieval.search.bm25 import BM25Retriever
-from retrieval.search.pipeline import Pipeline
+from retrieval.search.stages.first_stage import fuse
+
+if TYPE_CHECKING:
+    from retrieval.search.pipeline import Pipeline
 
 WEIGHTS = tuple(round(w, 1) for w in np.linspace(0.0, 1.0, 11))
 GATE_TOKENS = (16, 24, 32, 48, 64, 96, 128)
@@ -283,7 +288,7 @@ def bm25_grid(pipelines: dict[str, Pipeline], sets: list[QuerySet]) -> list[dict
                 for q in qs.arrays:
                     hits = retriever.search(qs.queries[q.qid], DEPTH)
                     bm[q.qid] = hits.doc
-                    fu[q.qid] = p.fuse(hits, qs.dense[q.qid]).doc
+                    fu[q.qid] = fuse(hits, qs.dense[q.qid], p.config.fusion).doc
                 row["bm25"][qs.name] = round(float(np.mean(list(scorer.ndcg(bm).values()))), 4)
                 row["fused"][qs.name] = round(float(np.mean(list(scorer.ndcg(fu).values()))), 4)
         rows.append(row)
@@ -299,7 +304,7 @@ def parse_set(spec: str) -> tuple[str, str, Path, Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.cascade_robustness", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.studies.cascade_robustness", description=__doc__.split("\n\n")[0])
     ap.add_argument("--set", action="append", required=True, help="NAME:tune|test:DATASET:INDEX:SPLIT")
     ap.add_argument("--config", help="service config (TOML) the pipelines open with")
     ap.add_argument("--cross-encoder", help="also score the cascade with this cross-encoder folder")
@@ -313,15 +318,22 @@ def main(argv: list[str] | None = None) -> int:
 
     config = load_config(args.config)
     if args.cross_encoder:
-        config = dataclasses.replace(config, cross_encoder=dataclasses.replace(config.cross_encoder,
-                                                                               model=args.cross_encoder))
+        config = with_sections(config, cross_encoder={"model": args.cross_encoder})
+    with contextlib.ExitStack() as stack:
+        out = study(args, config, stack)
+    if args.json:
+        write_result(args.json, "cascade_robustness", {k: str(v) for k, v in vars(args).items() if k != "json"}, out)
+    return 0
+
+
+def study(args: argparse.Namespace, config: Any, stack: contextlib.ExitStack) -> dict[str, Any]:
     pipelines: dict[str, Pipeline] = {}
     sets: list[QuerySet] = []
     t0 = time.perf_counter()
     for spec in args.set:
         name, role, dataset, index_dir, split = parse_set(spec)
         if str(index_dir) not in pipelines:
-            pipelines[str(index_dir)] = Pipeline.open(index_dir, config)
+            pipelines[str(index_dir)] = stack.enter_context(opened(index_dir, config))
         p = pipelines[str(index_dir)]
         queries, qrels = judged_queries(dataset, split, args.limit)
         family = "scifact" if "scifact" in name else "nfcorpus" if "nfcorpus" in name else name
@@ -362,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
              chosen["policy_label"]: chosen["policy"]}
     out: dict[str, Any] = {
         "sets": {qs.name: {"role": qs.role, "queries": len(qs.arrays), "refused": len(qs.refused),
-                           "median_query_tokens": int(np.median([q.n_tokens for q in qs.arrays])) if qs.arrays else 0,
+                           "median_query_tokens": median([q.n_tokens for q in qs.arrays], 1) or 0,
                            "fused": round(fused[qs.name], 4)} for qs in sets},
         "tune": tune, "test": test,
         "chosen": {"policy": chosen["policy_label"], **chosen},
@@ -421,12 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chosen (worst case over {', '.join(tune)}): {chosen['policy_label']}")
     print(f"chosen by length class (a class's weight must gain >= {NOISE} on every tuning set with >= "
           f"{MIN_CLASS_QUERIES} of its queries): {lc_label}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
-    for p in pipelines.values():
-        p.close()
-    return 0
+    return out
 
 
 if __name__ == "__main__":

@@ -1,17 +1,19 @@
 """BM25 design check: whole documents vs chunks (MaxP), Porter vs Snowball English stemming, on test and tuning
 splits. Justifies the defaults (chunk-level BM25 and Porter): see README, Results. Usage::
 
-    python -m bench.bm25_units --dataset ../shared/data/beir/scifact --splits test,train
+    python -m bench.studies.bm25_units --dataset ../shared/data/beir/scifact --splits test,train [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import bm25s
 import numpy as np
 
+from bench.harness import write_result
 from index_builder.analysis import Analyzer, AnalyzerConfig
 from index_builder.chunking import CHUNK_DTYPE, ChunkConfig, Chunker, chunk_passage
 from index_builder.corpus import read_corpus
@@ -21,10 +23,13 @@ from retrieval.search.aggregate import doc_starts, top_docs_from_chunk_scores
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.studies.bm25_units", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--splits", default="test")
+    ap.add_argument("--json", help="merge the result into this JSON file")
     args = ap.parse_args(argv)
+    result: dict[str, dict[str, dict[str, float]]] = {}
     docs, _ = read_corpus(args.dataset)
     queries = load_queries(args.dataset)
     units = {"document": np.array([(i, 0, len(d.text)) for i, d in enumerate(docs)], dtype=CHUNK_DTYPE),
@@ -46,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
                     run[q] = {docs[d].id: float(100 - r) for r, d in enumerate(h.doc)}
                 m = evaluate(qrels, run)
                 row.append(f"{split} nDCG@10 {m['ndcg@10']:.4f} R@100 {m['recall@100']:.4f}")
+                result.setdefault(f"{unit}, {stemmer}", {})[split] = {"ndcg@10": m["ndcg@10"],
+                                                                      "recall@100": m["recall@100"],
+                                                                      "units": len(chunks)}
             print(f"{unit:<13} ({len(chunks):>6} units) {stemmer:<8} " + " | ".join(row), flush=True)
+    if args.json:
+        write_result(args.json, "bm25_units", {"dataset": Path(args.dataset).name, "splits": args.splits}, result)
     return 0
 
 

@@ -1,0 +1,89 @@
+"""Keep the tuning studies (bench/studies/) alive: a tiny run of each on the sample corpus."""
+
+import json
+
+import pytest
+
+from bench.harness import read_result
+from tests.helpers import CE_MODEL, REPO
+
+SAMPLE = REPO / "data" / "sample"
+
+
+def test_ood_study_writes_a_beir_folder_eval_takes(tmp_path):
+    from bench.studies.ood import main
+    from retrieval.evaluate import judged_queries
+
+    out = tmp_path / "docq"
+    assert main(["--dataset", str(SAMPLE), "--split", "test", "--out", str(out), "--max-queries", "5"]) == 0
+    info = json.loads((out / "ood.json").read_text())
+    queries, qrels = judged_queries(out, "test")
+    assert info["kind"] == "doc-query" and info["queries"] == len(queries) == len(qrels) <= 5
+    assert all(q not in rel for q, rel in qrels.items())  # a source document is never its own answer
+
+
+def test_tune_fusion_smoke(tmp_path, sample_index_dir):
+    from bench.studies.tune_fusion import K_GRID, W_GRID, main
+
+    out = tmp_path / "fusion.json"
+    assert main(["--set", f"{SAMPLE}:{sample_index_dir}:test", "--limit", "10", "--json", str(out)]) == 0
+    entry = read_result(out, "tune_fusion")
+    sample = entry["datasets"]["sample"]
+    assert len(sample["fused_by_setting"]) == len(K_GRID) * len(W_GRID) and sample["queries"] == 10
+    assert entry["chosen"]["k"] in K_GRID and 0 < sample["test"]["fused_chosen"] <= 1
+
+
+def test_bm25_units_smoke(tmp_path):
+    from bench.studies.bm25_units import main
+
+    out = tmp_path / "units.json"
+    assert main(["--dataset", str(SAMPLE), "--splits", "test", "--json", str(out)]) == 0
+    entry = read_result(out, "bm25_units")
+    assert set(entry) >= {"document, porter", "chunk 224/48, english", "config"}
+    assert 0 < entry["document, porter"]["test"]["ndcg@10"] <= 1
+
+
+@pytest.mark.skipif(not (CE_MODEL / "model.onnx").is_file(), reason="../shared/models/ce-minilm-l6-beir-train is absent")
+def test_ce_levers_smoke(tmp_path, sample_index_dir):
+    """The baseline, a window and one runtime lever (the old ce_latency's) on three queries."""
+    from bench.studies.ce_levers import main
+
+    out = tmp_path / "levers.json"
+    assert main(["--dataset", str(SAMPLE), "--split", "test", "--index", str(sample_index_dir), "--model", str(CE_MODEL),
+                 "--limit", "3", "--repeats", "1", "--only", "^(window48 fp32|full fp32 max_length 256)$",
+                 "--json", str(out)]) == 0
+    entry = read_result(out, "ce_levers_sample_test")
+    variants = {r["variant"] for r in entry["rows"]}
+    assert variants == {"no cross-encoder (the default cascade)", "full fp32", "window48 fp32",
+                        "full fp32 max_length 256"}
+    assert entry["queries"] == 3 and entry["same_head_order_as_full_fp32"]["window48 fp32"] <= 1
+    assert all(r["ms_p50"] > 0 for r in entry["rows"] if r["variant"] != "no cross-encoder (the default cascade)")
+
+
+def test_cascade_robustness_offline_figures_equal_the_served_ones(tmp_path, sample_index_dir):
+    """bench.studies.cascade_robustness scores policies offline from stored arrays; a policy's figure must be what
+    `hybridrag eval` serves with that policy configured (here li_weight 0.5, no gate, on the sample corpus)."""
+    from bench.studies.cascade_robustness import main as robustness
+    from hybridrag.cli import main as cli
+    from retrieval.evaluate import build_ood_set
+
+    build_ood_set(SAMPLE, "test", tmp_path / "docq")
+    out = tmp_path / "rob.json"
+    assert robustness(["--set", f"sample:tune:{SAMPLE}:{sample_index_dir}:test",
+                       "--set", f"docq:tune:{tmp_path / 'docq'}:{sample_index_dir}:test",
+                       "--set", f"sample-test:test:{SAMPLE}:{sample_index_dir}:test",
+                       "--bm25-grid", "--json", str(out), "--per-query", str(tmp_path / "pq.json")]) == 0
+    r = read_result(out, "cascade_robustness")
+    assert set(r["normalised_minus_plain"].values()) == {0.0}  # the blend's z-scores absorb any per-query scale
+    weights = {row["policy_label"]: row["ndcg"] for row in r["weights"]}
+    config = tmp_path / "c.toml"
+    config.write_text("[rerank]\nli_weight = 0.5\nli_long_query_tokens = 0\n")
+    served = tmp_path / "served.json"
+    assert cli(["eval", "--dataset", str(SAMPLE), "--index", str(sample_index_dir), "--rerank", "late_interaction",
+                "--config", str(config), "--json", str(served), "--quiet"]) == 0
+    stages = json.loads(served.read_text())["stages"]
+    assert weights["li_weight=0.5"]["sample"] == pytest.approx(stages["late_interaction"]["ndcg@10"], abs=6e-5)
+    assert r["sets"]["sample"]["fused"] == pytest.approx(stages["fused"]["ndcg@10"], abs=6e-5)
+    assert len(r["bm25_grid"]) == 25 and r["length_class_selection"]["chosen"]["policy"]["kind"] == "gate"
+    served_bm25 = next(g for g in r["bm25_grid"] if (g["k1"], g["b"]) == (0.9, 0.4))  # the build's own k1/b
+    assert served_bm25["bm25"]["sample"] == pytest.approx(stages["bm25"]["ndcg@10"], abs=6e-5)
