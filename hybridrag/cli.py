@@ -47,24 +47,36 @@ def _thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from index_builder.build import build_snapshot
-    from index_builder.corpus import read_corpus
+    from index_builder.corpus import CorpusReport, iter_corpus, read_corpus, resolve_corpus_path
+    from index_builder.errors import CorpusError
 
     config = _config(args, _thread_overrides(args))
     t = time.perf_counter()
-    docs, report = read_corpus(args.corpus, skip_bad=args.skip_bad)
-    if report.skipped:
-        print(f"skipped {report.skipped} bad line(s); first: {report.errors[0]}", file=sys.stderr)
-    print(f"read {len(docs)} documents from {report.path} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     seq = 0
     if args.store:  # the store becomes the source of truth; the snapshot records the sequence number it covers
         from retrieval.live.store import MAX_BATCH, DocumentStore
 
+        docs, report = read_corpus(args.corpus, skip_bad=args.skip_bad)
         store = DocumentStore(args.store)
         for start in range(0, len(docs), MAX_BATCH):
             store.upsert(docs[start:start + MAX_BATCH])
         seq, docs = store.snapshot()
         store.close()
-    summary = build_snapshot(docs, Path(args.out), config.build_config(), progress=not args.quiet, covered_seq=seq)
+        stream: Any = docs
+    else:  # a stream: read as the build goes (a first pass counts the documents, for the progress bar's ETA)
+        report = CorpusReport(path=str(resolve_corpus_path(args.corpus)))
+        counted = sum(1 for _ in iter_corpus(args.corpus, skip_bad=args.skip_bad, report=report))
+        if not counted:
+            raise CorpusError("corpus has no valid documents", path=report.path)
+        report = CorpusReport(path=report.path)
+        stream = iter_corpus(args.corpus, skip_bad=args.skip_bad, report=report)
+    print(f"reading {report.path}" + (f": {len(stream)} documents" if args.store else f" ({counted} documents)"),
+          file=sys.stderr)
+    summary = build_snapshot(stream, Path(args.out), config.build_config(), progress=not args.quiet,
+                             covered_seq=seq, total=len(stream) if args.store else counted)
+    if report.skipped:
+        print(f"skipped {report.skipped} bad line(s); first: {report.errors[0]}", file=sys.stderr)
+    print(f"built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     print(summary.line() + "; stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.timings.items()))
     if config.backend.kind != "local":  # the snapshot is the build's product; the engine gets a copy of it
         return _migrate(Path(args.out), config, replace=True)

@@ -5,22 +5,28 @@ Used by ``hybridrag build`` (offline) and by the live index's background rebuild
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import bm25s
 import faiss
 import numpy as np
+from tqdm import tqdm
 
+from index_builder import dense_index
 from index_builder.analysis import Analyzer
+from index_builder.bm25_build import BM25Builder
 from index_builder.chunking import Chunker, chunk_passage
+from index_builder.encodings import KEY, BuildWork, Source, Sources, chunk_keys, encoder_identity
+from index_builder.errors import SnapshotError
 from index_builder.models import Embedder
 from index_builder.settings import BM25Config, BuildConfig, HNSWConfig  # noqa: F401  (re-exported)
-from index_builder.snapshot import SnapshotParts, load_snapshot, write_snapshot
+from index_builder.snapshot import LoadedSnapshot, SnapshotParts, SnapshotWriter, load_snapshot, write_snapshot
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore, make_token_encoder
 from index_builder.types import Document
 
@@ -36,10 +42,14 @@ class BuildSummary:
     seconds: float
     bytes_on_disk: int
     timings: dict[str, float]
+    embedded: int = -1  # distinct passages embedded by this build (-1: not counted)
+    reused: int = -1  # chunks whose encodings came from a source (the previous snapshot, the buffer, a checkpoint)
 
     def line(self) -> str:
+        counted = f", {self.embedded} passages embedded, {self.reused} chunks reused" if self.embedded >= 0 else ""
         return (f"built {self.path}: {self.documents} documents, {self.chunks} chunks, "
-                f"{self.token_vectors} token vectors, {self.seconds:.1f} s, {self.bytes_on_disk / 2**20:.1f} MiB")
+                f"{self.token_vectors} token vectors, {self.seconds:.1f} s, {self.bytes_on_disk / 2**20:.1f} MiB"
+                f"{counted}")
 
 
 def token_settings(encoder: TokenEncoder, storage: str) -> dict[str, Any]:
@@ -77,27 +87,144 @@ def expected_settings(config: BuildConfig, embedder: Embedder) -> dict[str, Any]
     }
 
 
-def build_snapshot(docs: Sequence[Document], root: Path, config: BuildConfig, embedder: Embedder | None = None,
-                   *, progress: bool = False, covered_seq: int = 0,
-                   token_encoder: TokenEncoder | None = None) -> BuildSummary:
+DOC_BATCH = 512  # documents read, chunked and analysed at a time
+COPY_BLOCK = 16_384  # chunks copied at a time into the snapshot's arrays
+
+
+def identity_of(embedder: Embedder, token_encoder: TokenEncoder | None, storage: str) -> bytes:
+    """The encoders' identity the chunk keys are made under (not the runtime's providers: the same model on
+    another device makes the same vectors, to float rounding)."""
+    model = {k: v for k, v in embedder.describe().items() if k != "providers"}
+    tokens = None if token_encoder is None else token_settings(token_encoder, storage)
+    return encoder_identity(model, tokens)
+
+
+def snapshot_source(snap: LoadedSnapshot, identity: bytes) -> Source | None:
+    """The encodings of an existing snapshot as a source (None when it has none usable): its ``chunk_keys.npy``,
+    or, for a snapshot written before chunk keys existed, keys made now from its documents and chunks."""
+    if snap.vectors is None:
+        return None
+    keys = snap.chunk_keys
+    if keys is None:  # made before chunk keys: only if its models are ours
+        models = snap.manifest.get("models", {})
+        embedder = {k: v for k, v in (models.get("embedder") or {}).items() if k != "providers"}
+        if encoder_identity(embedder, models.get("token_encoder")) != identity:
+            return None
+        keys = chunk_keys(identity, chunk_passages(snap.documents, snap.chunks))
+    return Source(f"snapshot {snap.path.name}", np.asarray(keys), snap.vectors, snap.token_vectors,
+                  None if snap.token_offsets is None else np.asarray(snap.token_offsets), snap.token_scales)
+
+
+def _current_source(root: Path, identity: bytes) -> Source | None:
+    """The snapshot ``root/CURRENT`` points at, as a source of encodings: what a rebuild must not embed again.
+    Its files are checked by size, not checksum (the rows are read as they are needed)."""
+    if not (Path(root) / "CURRENT").is_file():
+        return None
+    try:
+        snap = load_snapshot(Path(root), checksums=False)
+    except Exception as e:  # noqa: BLE001 -- an unreadable previous snapshot only means embedding everything
+        log.warning("the current snapshot of %s cannot be reused (%s): every chunk is embedded", root, e)
+        return None
+    return snapshot_source(snap, identity)
+
+
+class _BuildLock:
+    """One build at a time into an index root (a ``flock`` the kernel drops with the process, kill -9 included)."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = Path(root) / ".build.lock"
+
+    def __enter__(self) -> _BuildLock:
+        import fcntl
+
+        self.f = open(self.path, "a+")
+        try:
+            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.f.close()
+            raise SnapshotError(f"another build is writing {self.path.parent} (it holds {self.path})") from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
+
+
+class _Progress:
+    """Passages chunked and embedded, with passages/s and an ETA when the corpus size is known."""
+
+    def __init__(self, total_docs: int | None, enabled: bool) -> None:
+        self.bar = tqdm(total=total_docs, desc="building", unit="doc", disable=not enabled, leave=False,
+                        smoothing=0.05)
+        self.t0, self.embedded, self.reused = time.perf_counter(), 0, 0
+
+    def update(self, docs: int, embedded: int = 0, reused: int = 0) -> None:
+        self.embedded += embedded
+        self.reused += reused
+        rate = self.embedded / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.set_postfix_str(f"{rate:.0f} passages/s embedded, {self.embedded} embedded, {self.reused} reused",
+                                 refresh=False)
+        self.bar.update(docs)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def build_snapshot(docs: Iterable[Document], root: Path, config: BuildConfig, embedder: Embedder | None = None,
+                   *, progress: bool = False, covered_seq: int = 0, token_encoder: TokenEncoder | None = None,
+                   reuse: Sequence[Source] = (), total: int | None = None) -> BuildSummary:
     """Build and write a new snapshot generation under ``root``; ``CURRENT`` points at it when this returns.
+
+    A stream: documents are read, chunked, analysed and written as they come; only the chunks no source holds are
+    embedded (:mod:`index_builder.encodings`: the snapshot ``CURRENT`` points at, the ``reuse`` sources such as
+    the live index's write buffer, and the segments a killed build left in ``root/.build-work``), a batch at a
+    time, each batch written to disk before the next (a checkpoint: a killed build resumes there, and the resumed
+    snapshot equals an uninterrupted one); the snapshot's arrays are then filled from those sources block by block.
+    Memory: the batches, plus what the index structures need per passage (BM25 postings, the HNSW graph, 28 bytes
+    of chunk records and keys). ``total``: the number of documents, for the progress bar's ETA.
 
     Token vectors come from ``token_encoder`` (default: made from ``config.token_encoder``); when that is the
     embedder's own, they come out of the embedding pass itself.
     """
-    if not docs:
-        raise ValueError("cannot build an index from zero documents")
     t0 = time.perf_counter()
-    timings: dict[str, float] = {}
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SnapshotError(f"cannot write an index under {root}: {e.strerror or e}") from None
+    if not os.access(root, os.W_OK):
+        raise SnapshotError(f"cannot write an index under {root}: permission denied")
     embedder = embedder or Embedder(config.embedder)
     if config.token_vectors and token_encoder is None:
         token_encoder = make_token_encoder(config.token_encoder, embedder)
-    same_pass = isinstance(token_encoder, EmbedderTokens)
+    if not config.token_vectors:
+        token_encoder = None
+    storage = config.token_encoder.storage
+    identity = identity_of(embedder, token_encoder, storage)
+    with _BuildLock(root):
+        sources = Sources(reuse)
+        if (current := _current_source(root, identity)) is not None:
+            sources.add(current)
+        work = BuildWork(root / ".build-work", identity)
+        for seg in work.sources():
+            sources.add(seg)
+        writer = SnapshotWriter(root)
+        try:
+            summary = _build(docs, writer, config, embedder, token_encoder, identity, sources, work, progress,
+                             covered_seq, total, t0)
+        except BaseException:
+            writer.abort()
+            raise
+        work.remove()  # the snapshot holds everything now
+        return summary
 
-    t = time.perf_counter()
-    chunks = Chunker(embedder.files.tokenizer_path, config.chunking).chunk(docs)
-    passages = chunk_passages(docs, chunks)
-    timings["chunk"] = time.perf_counter() - t
+
+def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig, embedder: Embedder,
+           token_encoder: TokenEncoder | None, identity: bytes, sources: Sources, work: BuildWork, progress: bool,
+           covered_seq: int, total: int | None, t0: float) -> BuildSummary:
+    timings = {"chunk": 0.0, "bm25": 0.0, "embed": 0.0}
+    chunker = Chunker(embedder.files.tokenizer_path, config.chunking)
+    analyzer = Analyzer(config.analyzer)
+    bm25 = BM25Builder()
     window = embedder.config.max_length - 2  # [CLS] and [SEP]
     if config.chunking.max_tokens > window:
         log.warning("chunks of up to %d word pieces exceed the embedder's window (%d): dense and token vectors see "
@@ -105,45 +232,151 @@ def build_snapshot(docs: Sequence[Document], root: Path, config: BuildConfig, em
                     "(SciFact test, 480-piece chunks at max_length 128: 0.6960 against 0.7162). Set [chunking] "
                     "max_tokens <= %d (room for the title) for the full passage", config.chunking.max_tokens,
                     window + 2, window, window + 2 - 32)
+    chunk_parts: list[np.ndarray] = []
+    key_parts: list[np.ndarray] = []
+    queued: dict[bytes, str] = {}  # key -> passage: to embed (each distinct passage once)
+    bar = _Progress(total, progress)
+    n_docs = 0
 
-    t = time.perf_counter()
-    analyzer = Analyzer(config.analyzer)
-    bm25 = bm25s.BM25(k1=config.bm25.k1, b=config.bm25.b, method="lucene")
-    passage_terms = analyzer.batch(passages)
-    bm25.index(passage_terms, show_progress=progress)
-    avgdl = float(np.mean([len(t) for t in passage_terms])) if passage_terms else 0.0
-    timings["bm25"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    encoded = embedder.encode(passages, with_tokens=config.token_vectors and same_pass, progress=progress)
-    timings["embed"] = time.perf_counter() - t
-    per_passage = encoded.token_vectors
-    if config.token_vectors and not same_pass:
-        assert token_encoder is not None
+    def embed(pending: dict[bytes, str]) -> None:
         t = time.perf_counter()
-        per_passage = token_encoder.encode_documents(passages, progress=progress)
-        timings["token_vectors"] = time.perf_counter() - t
+        keys = np.array(list(pending), dtype=KEY)
+        passages = list(pending.values())
+        enc = embedder.encode(passages, with_tokens=token_encoder is not None and isinstance(token_encoder, EmbedderTokens))
+        per_passage = enc.token_vectors
+        if token_encoder is not None and not isinstance(token_encoder, EmbedderTokens):
+            per_passage = token_encoder.encode_documents(passages)
+        store = None
+        if token_encoder is not None and per_passage is not None:
+            store = TokenStore.from_lists(per_passage, token_encoder.dim, config.token_encoder.storage)
+        try:
+            seg = work.write(keys, enc.embeddings, None if store is None else store.vectors,
+                             None if store is None else store.offsets, None if store is None else store.scales)
+        except OSError as e:
+            raise SnapshotError(f"cannot write the build's checkpoint under {work.folder}: {e.strerror or e}") from None
+        sources.add(seg)
+        timings["embed"] += time.perf_counter() - t
+        bar.update(0, embedded=len(passages))
 
+    for batch in _batches(docs, DOC_BATCH):
+        t = time.perf_counter()
+        writer.write_documents(batch)
+        chunks = chunker.chunk(batch)
+        passages = chunk_passages(batch, chunks)
+        chunks["doc"] += n_docs
+        keys = chunk_keys(identity, passages)
+        timings["chunk"] += time.perf_counter() - t
+        t = time.perf_counter()
+        bm25.add(analyzer.batch(passages))
+        timings["bm25"] += time.perf_counter() - t
+        chunk_parts.append(chunks)
+        key_parts.append(keys)
+        found, _ = sources.find(keys)
+        for i in np.flatnonzero(found < 0).tolist():
+            queued.setdefault(bytes(keys[i]), passages[i])
+        reused = int((found >= 0).sum())
+        n_docs += len(batch)
+        bar.update(len(batch), reused=reused)
+        while len(queued) >= config.embed_batch:  # one checkpoint (Embedder.encode sorts each by length)
+            take = dict(itertools.islice(queued.items(), config.embed_batch))
+            for k in take:
+                del queued[k]
+            embed(take)
+    if queued:
+        embed(queued)
+    bar.close()
+    if not n_docs:
+        raise ValueError("cannot build an index from zero documents")
+    chunks = np.concatenate(chunk_parts)
+    keys = np.concatenate(key_parts)
+    del chunk_parts, key_parts
+    summary = _assemble(writer, chunks, keys, n_docs, sources, bm25, config, embedder, token_encoder, covered_seq,
+                        timings, t0)
+    summary.embedded, summary.reused = bar.embedded, bar.reused
+    return summary
+
+
+def _batches(docs: Iterable[Document], n: int) -> Iterator[list[Document]]:
+    it = iter(docs)
+    while batch := list(itertools.islice(it, n)):
+        yield batch
+
+
+def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_docs: int, sources: Sources,
+              bm25: BM25Builder, config: BuildConfig, embedder: Embedder, token_encoder: TokenEncoder | None,
+              covered_seq: int, timings: dict[str, float], t0: float) -> BuildSummary:
+    """Fill the snapshot's arrays from the sources, in chunk order, a block at a time; the HNSW graph as the dense
+    rows arrive; BM25 scored; the manifest last."""
+    n = len(chunks)
+    src, row = sources.find(keys)
+    if (src < 0).any():
+        raise SnapshotError(f"{int((src < 0).sum())} chunks have no encodings after the build (a bug)")
     t = time.perf_counter()
-    hnsw = faiss.IndexHNSWFlat(embedder.dim, config.hnsw.m, faiss.METRIC_INNER_PRODUCT)
-    hnsw.hnsw.efConstruction = config.hnsw.ef_construction
-    hnsw.add(encoded.embeddings)
+    writer.save_array("chunks.npy", chunks)
+    writer.save_array("chunk_keys.npy", keys)
+    vectors = writer.open_array("vectors.npy", np.float32, (n, embedder.dim))
+    for a in range(0, n, COPY_BLOCK):
+        b = min(n, a + COPY_BLOCK)
+        for s in np.unique(src[a:b]).tolist():
+            sel = np.flatnonzero(src[a:b] == s)
+            rows = row[a:b][sel]
+            order = np.argsort(rows, kind="stable")  # read the source's rows in file order
+            block = np.asarray(sources.sources[s].vectors[rows[order]])
+            vectors[a + sel[order]] = block
+    writer.flush_array("vectors.npy", vectors)
+    counts = {"documents": n_docs, "chunks": n, "token_vectors": 0}
+    if token_encoder is not None:
+        counts["token_vectors"] = _assemble_tokens(writer, src, row, sources)
+    timings["copy"] = time.perf_counter() - t
+    t = time.perf_counter()
+    kind = dense_index.choose(config.dense_index, n)
+    index = dense_index.make(kind, embedder.dim, n, config.hnsw)
+    dense_index.train(index, vectors)
+    for a in range(0, n, COPY_BLOCK):
+        index.add(np.ascontiguousarray(vectors[a:min(n, a + COPY_BLOCK)]))
+    del vectors
     timings["hnsw"] = time.perf_counter() - t
-
-    store = None
-    if per_passage is not None and token_encoder is not None:
-        store = TokenStore.from_lists(per_passage, token_encoder.dim, config.token_encoder.storage)
-
     t = time.perf_counter()
-    parts = SnapshotParts(list(docs), chunks, bm25, encoded.embeddings, hnsw,
-                          None if store is None else store.vectors, None if store is None else store.offsets,
-                          _with_avgdl(index_settings(config, embedder, token_encoder), avgdl), covered_seq,
-                          None if store is None else store.scales)
-    path = write_snapshot(Path(root), parts, keep_last=config.keep_snapshots)
+    writer.save_index(dense_index.FILES[kind], index)
+    dense: dict[str, Any] = {"index": kind, "file": dense_index.FILES[kind]}
+    if isinstance(index, faiss.IndexIVF):
+        dense["nlist"] = int(index.nlist)
+    del index
+    avgdl = bm25.avgdl()
+    writer.save_bm25(bm25.finish(config.bm25.k1, config.bm25.b))
+    settings = {**_with_avgdl(index_settings(config, embedder, token_encoder), avgdl), "dense": dense}
+    path = writer.finish(counts=counts, dim=embedder.dim, settings=settings, covered_seq=covered_seq,
+                         keep_last=config.keep_snapshots)
     timings["write"] = time.perf_counter() - t
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return BuildSummary(path, len(docs), len(chunks), 0 if store is None else len(store.vectors),
-                        time.perf_counter() - t0, size, timings)
+    return BuildSummary(path, n_docs, n, counts["token_vectors"], time.perf_counter() - t0, size, timings)
+
+
+def _assemble_tokens(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, sources: Sources) -> int:
+    """The token store in chunk order (offsets, vectors, scales), copied from the sources; returns the count."""
+    lengths = np.zeros(len(src), dtype=np.int64)
+    for s in np.unique(src).tolist():
+        sel = np.flatnonzero(src == s)
+        lengths[sel] = sources.sources[s].token_lengths(row[sel])
+    offsets = np.zeros(len(src) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    first = sources.sources[int(src[0])]
+    assert first.token_vectors is not None
+    tv = writer.open_array("token_vectors.npy", first.token_vectors.dtype, (total, first.token_vectors.shape[1]))
+    ts = None if first.token_scales is None else writer.open_array("token_scales.npy", np.float32, (total,))
+    for i in range(len(src)):
+        s = sources.sources[int(src[i])]
+        assert s.token_offsets is not None
+        lo, hi = int(s.token_offsets[row[i]]), int(s.token_offsets[row[i] + 1])
+        tv[offsets[i]:offsets[i + 1]] = s.token_vectors[lo:hi]
+        if ts is not None:
+            ts[offsets[i]:offsets[i + 1]] = s.token_scales[lo:hi]
+    writer.flush_array("token_vectors.npy", tv)
+    if ts is not None:
+        writer.flush_array("token_scales.npy", ts)
+    writer.save_array("token_offsets.npy", offsets)
+    return total
 
 
 def chunk_passages(docs: Sequence[Document], chunks: np.ndarray) -> list[str]:
@@ -178,7 +411,7 @@ def rebuild_token_vectors(root: Path, token_encoder: TokenEncoder | None, storag
         dim, tokens = flat.shape[1], {**m["models"]["token_encoder"], "dtype": storage}
     store = TokenStore.from_lists(per_passage, dim, storage)
     encode_s = time.perf_counter() - t
-    settings = {k: m[k] for k in ("analyzer", "bm25", "hnsw", "chunking")}
+    settings: dict[str, Any] = {k: m[k] for k in ("analyzer", "bm25", "hnsw", "chunking", "dense") if k in m}
     settings["models"] = {**m["models"], "token_encoder": tokens}
     t = time.perf_counter()
     parts = SnapshotParts(snap.documents, snap.chunks, snap.bm25, np.asarray(snap.vectors), snap.hnsw,

@@ -182,3 +182,11 @@ class BuildConfig:
     token_vectors: bool = True  # store per-token vectors for the late-interaction stage
     token_encoder: TokenEncoderConfig = field(default_factory=TokenEncoderConfig)
     keep_snapshots: int = 3  # generations kept on disk after a build (0 keeps all)
+    # passages embedded at a time: one checkpoint of the build (a killed build resumes after its last one), and the
+    # bound on what the build holds of model output at once (index_builder/build.py)
+    embed_batch: int = 1024
+    dense_index: str = "auto"  # [dense] index: auto, hnsw, hnsw_sq8, ivf_pq (index_builder/dense_index.py)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.embed_batch <= 65_536:
+            raise ValueError(f"build.embed_batch must be in [1, 65536], got {self.embed_batch}")

@@ -5,13 +5,17 @@ Layout of an index root::
     ROOT/CURRENT                      text: "snapshots/gen-000007" (replaced atomically, after fsync)
     ROOT/snapshots/gen-000007/
         documents.jsonl               one document per line: id, title, text, tenant, metadata (table order)
+        documents.offsets.npy         int64 [documents + 1]: each line's byte offset (read where it lies)
         chunks.npy                    structured (doc int32, start int32, end int32): chunk -> document + char span
         bm25/                         bm25s sparse index over the chunks (Lucene-like analysis, see manifest)
         vectors.npy                   float32 [chunks, dim], unit length (exact search, rebuilds without re-embedding)
-        hnsw.faiss                    faiss IndexHNSWFlat, inner product, same rows as vectors.npy
+        hnsw.faiss                    the dense index, inner product, same rows as vectors.npy: faiss IndexHNSWFlat;
+                                      or hnsw_sq8.faiss / ivf_pq.faiss ([dense] index, manifest "dense")
         token_vectors.npy             float16 [tokens, tdim] unit length (late interaction), optional
         token_offsets.npy             int64 [chunks + 1]: chunk i owns rows offsets[i]:offsets[i+1]
         token_scales.npy              float32 [tokens]: per-vector scale when token_vectors.npy is int8 (optional)
+        chunk_keys.npy                S16 [chunks]: what each chunk's vectors encode (model identity + passage), so
+                                      a later build reuses them instead of embedding again (index_builder/encodings.py)
         manifest.json                 written last: format version, counts, models, settings, sha256 of every file
 
 A folder is built under a temporary name and renamed into place once complete, so ``CURRENT`` can only ever
@@ -26,6 +30,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,7 @@ import faiss
 import numpy as np
 
 from index_builder.chunking import CHUNK_DTYPE
+from index_builder.doc_store import DocumentFile
 from index_builder.errors import SnapshotError
 from index_builder.models import sha256_file
 from index_builder.types import Document
@@ -46,7 +52,7 @@ FORMAT_VERSION = 1
 CURRENT = "CURRENT"
 SNAPSHOTS = "snapshots"
 # Files whose loss disables dense search but still lets BM25 serve.
-DENSE_FILES = frozenset({"hnsw.faiss", "vectors.npy"})
+DENSE_FILES = frozenset({"hnsw.faiss", "hnsw_sq8.faiss", "ivf_pq.faiss", "vectors.npy"})
 _GEN_RE = re.compile(r"^gen-(\d{6,})$")
 
 
@@ -97,7 +103,7 @@ def current_snapshot_dir(root: Path) -> Path:
 class SnapshotParts:
     """Everything a snapshot holds, in memory, ready to be written."""
 
-    documents: list[Document]
+    documents: Sequence[Document]
     chunks: np.ndarray  # CHUNK_DTYPE
     bm25: bm25s.BM25
     vectors: np.ndarray  # float32 [chunks, dim]
@@ -107,19 +113,13 @@ class SnapshotParts:
     settings: dict[str, Any]  # models, analyzer, bm25, hnsw, chunking: recorded verbatim in the manifest
     covered_seq: int = 0  # the document store's sequence number this snapshot includes (live index)
     token_scales: np.ndarray | None = None  # float32 [tokens] when token_vectors is int8
+    chunk_keys: np.ndarray | None = None  # S16 [chunks]: what each chunk's encodings encode (index_builder.encodings)
 
 
-def write_documents(path: Path, docs: list[Document]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for d in docs:
-            f.write(json.dumps({"_id": d.id, "title": d.title, "text": d.text, "tenant": d.tenant,
-                                "metadata": d.metadata}, ensure_ascii=False) + "\n")
-
-
-def read_documents(path: Path) -> list[Document]:
-    with open(path, encoding="utf-8") as f:
-        return [Document(id=o["_id"], title=o["title"], text=o["text"], tenant=o["tenant"], metadata=o["metadata"])
-                for o in map(json.loads, f)]
+def read_documents(path: Path) -> DocumentFile:
+    """The documents of ``documents.jsonl``, read where they lie (:class:`~index_builder.doc_store.DocumentFile`)."""
+    offsets = path.with_name("documents.offsets.npy")
+    return DocumentFile(path, np.load(offsets) if offsets.is_file() else None)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -140,70 +140,161 @@ def _remove_stale_tmp(root: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def write_snapshot(root: Path, parts: SnapshotParts, *, keep_last: int = 0) -> Path:
-    """Write a new generation under ``root`` and point ``CURRENT`` at it. Returns the snapshot folder.
+class SnapshotWriter:
+    """One new generation written piece by piece into a temporary folder (``.tmp-gen-N-PID``), then finished:
+    checksums into the manifest (written last), read-only files, fsync, renamed into place, ``CURRENT`` replaced.
+    Large parts are written as they are made (:meth:`open_array` gives a memory-mapped ``.npy`` to fill), so a
+    build never holds a whole part in memory. Until :meth:`finish` returns, ``CURRENT`` and every earlier
+    generation are untouched; :meth:`abort` removes the temporary folder. A write that fails (a full disk, a
+    folder that cannot be written) raises :class:`SnapshotError` naming the file."""
 
-    ``keep_last`` > 0 removes older generations beyond the newest ``keep_last`` (never the one written).
-    """
-    root = Path(root)
-    (root / SNAPSHOTS).mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(root)
-    generation = (max(list_generations(root), default=0)) + 1
-    final = generation_dir(root, generation)
-    tmp = root / SNAPSHOTS / f".tmp-gen-{generation:06d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        try:
+            (self.root / SNAPSHOTS).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SnapshotError(f"cannot write an index under {self.root}: {e.strerror or e}") from None
+        if not os.access(self.root / SNAPSHOTS, os.W_OK):
+            raise SnapshotError(f"cannot write an index under {self.root}: permission denied")
+        _remove_stale_tmp(self.root)
+        self.generation = (max(list_generations(self.root), default=0)) + 1
+        self.tmp = self.root / SNAPSHOTS / f".tmp-gen-{self.generation:06d}-{os.getpid()}"
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir()
+        self._doc_offsets: list[int] = [0]  # byte offset of each line of documents.jsonl, and the end
+
+    def path(self, name: str) -> Path:
+        return self.tmp / name
+
+    def failed(self, name: str, e: OSError) -> SnapshotError:
+        """The error of a write of ``name`` that failed (the previous generation still serves)."""
+        current = self.root / CURRENT
+        still = f"; {CURRENT} still points at {current.read_text().strip()}" if current.is_file() else ""
+        return SnapshotError(f"cannot write {self.path(name)}: {e.strerror or e}{still}")
+
+    def save_array(self, name: str, array: np.ndarray) -> None:
+        try:
+            np.save(self.path(name), array)
+        except OSError as e:
+            raise self.failed(name, e) from None
+
+    def open_array(self, name: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+        """A ``.npy`` file of ``shape`` to fill in place (memory-mapped: written pages leave memory as the kernel
+        flushes them)."""
+        try:
+            return np.lib.format.open_memmap(self.path(name), mode="w+", dtype=dtype, shape=shape)
+        except OSError as e:
+            raise self.failed(name, e) from None
+
+    def flush_array(self, name: str, array: np.ndarray) -> None:
+        """Write a filled :meth:`open_array` out (a full disk shows here, not at fsync time)."""
+        try:
+            if isinstance(array, np.memmap):
+                array.flush()
+        except OSError as e:
+            raise self.failed(name, e) from None
+
+    def write_documents(self, docs: Iterable[Document], mode: str = "a") -> int:
+        """Append ``docs`` to ``documents.jsonl`` (one JSON object a line, table order; each line's byte offset
+        goes into ``documents.offsets.npy`` at :meth:`finish`); returns how many."""
+        if mode == "w":
+            self._doc_offsets = [0]
+        n = 0
+        try:
+            with open(self.path("documents.jsonl"), mode + "b") as f:
+                for d in docs:
+                    line = (json.dumps({"_id": d.id, "title": d.title, "text": d.text, "tenant": d.tenant,
+                                        "metadata": d.metadata}, ensure_ascii=False) + "\n").encode("utf-8",
+                                                                                                  "surrogatepass")
+                    f.write(line)
+                    self._doc_offsets.append(self._doc_offsets[-1] + len(line))
+                    n += 1
+        except OSError as e:
+            raise self.failed("documents.jsonl", e) from None
+        return n
+
+    def save_bm25(self, bm25: bm25s.BM25) -> None:
+        try:
+            bm25.save(str(self.path("bm25")), show_progress=False)
+        except OSError as e:
+            raise self.failed("bm25", e) from None
+
+    def save_index(self, name: str, index: faiss.Index) -> None:
+        try:
+            faiss.write_index(index, str(self.path(name)))
+        except (OSError, RuntimeError) as e:  # faiss raises RuntimeError for a failed write
+            raise SnapshotError(f"cannot write {self.path(name)}: {e}") from None
+
+    def finish(self, *, counts: dict[str, int], dim: int, settings: dict[str, Any], covered_seq: int = 0,
+               keep_last: int = 0) -> Path:
+        """Checksum every file into the manifest (written last), make the folder read-only and durable, rename it
+        into place and point ``CURRENT`` at it. Returns the snapshot folder."""
+        if self.path("documents.jsonl").is_file():
+            self.save_array("documents.offsets.npy", np.asarray(self._doc_offsets, dtype=np.int64))
+        try:
+            files = {}
+            for p in sorted(self.tmp.rglob("*")):
+                if p.is_file():
+                    files[p.relative_to(self.tmp).as_posix()] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+            manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "generation": self.generation,
+                        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                        "covered_seq": covered_seq, "counts": counts, "dim": int(dim), **settings, "files": files}
+            with open(self.tmp / "manifest.json", "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=1, sort_keys=True)
+            for p in self.tmp.rglob("*"):
+                if p.is_file():
+                    p.chmod(0o444)
+            _fsync_tree(self.tmp)
+        except OSError as e:
+            raise self.failed("manifest.json", e) from None
+        final = generation_dir(self.root, self.generation)
+        os.replace(self.tmp, final)
+        _fsync_dir(self.root / SNAPSHOTS)
+        point_current(self.root, final)
+        if keep_last > 0:
+            prune(self.root, keep_last)
+        return final
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def write_snapshot(root: Path, parts: SnapshotParts, *, keep_last: int = 0) -> Path:
+    """Write a new generation under ``root`` from parts held in memory and point ``CURRENT`` at it. Returns the
+    snapshot folder. ``keep_last`` > 0 removes older generations beyond the newest ``keep_last`` (never the one
+    written). (The build streams its parts through :class:`SnapshotWriter` itself.)"""
     n_chunks = len(parts.chunks)
     if parts.chunks.dtype != CHUNK_DTYPE:
         raise SnapshotError(f"chunks must have dtype {CHUNK_DTYPE}, got {parts.chunks.dtype}")
     if parts.vectors.shape[0] != n_chunks or parts.hnsw.ntotal != n_chunks:
         raise SnapshotError(f"{n_chunks} chunks but {parts.vectors.shape[0]} vectors and {parts.hnsw.ntotal} HNSW rows")
-
-    write_documents(tmp / "documents.jsonl", parts.documents)
-    np.save(tmp / "chunks.npy", parts.chunks)
-    parts.bm25.save(str(tmp / "bm25"), show_progress=False)
-    np.save(tmp / "vectors.npy", np.ascontiguousarray(parts.vectors, dtype=np.float32))
-    faiss.write_index(parts.hnsw, str(tmp / "hnsw.faiss"))
-    counts = {"documents": len(parts.documents), "chunks": n_chunks, "token_vectors": 0}
     if parts.token_vectors is not None and parts.token_offsets is not None:
         if len(parts.token_offsets) != n_chunks + 1 or parts.token_offsets[-1] != len(parts.token_vectors):
             raise SnapshotError("token_offsets do not match the chunks and token vectors")
-        np.save(tmp / "token_vectors.npy", parts.token_vectors)
-        np.save(tmp / "token_offsets.npy", parts.token_offsets.astype(np.int64))
-        if parts.token_scales is not None:
-            if len(parts.token_scales) != len(parts.token_vectors):
-                raise SnapshotError("token_scales must have one scale per token vector")
-            np.save(tmp / "token_scales.npy", np.asarray(parts.token_scales, dtype=np.float32))
-        counts["token_vectors"] = int(len(parts.token_vectors))
-
-    files = {}
-    for p in sorted(tmp.rglob("*")):
-        if p.is_file():
-            files[p.relative_to(tmp).as_posix()] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "generation": generation,
-        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "covered_seq": parts.covered_seq,
-        "counts": counts,
-        "dim": int(parts.vectors.shape[1]),
-        **parts.settings,
-        "files": files,
-    }
-    with open(tmp / "manifest.json", "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    for p in tmp.rglob("*"):
-        if p.is_file():
-            p.chmod(0o444)
-    _fsync_tree(tmp)
-    os.replace(tmp, final)
-    _fsync_dir(root / SNAPSHOTS)
-    point_current(root, final)
-    if keep_last > 0:
-        prune(root, keep_last)
-    return final
+        if parts.token_scales is not None and len(parts.token_scales) != len(parts.token_vectors):
+            raise SnapshotError("token_scales must have one scale per token vector")
+    w = SnapshotWriter(root)
+    try:
+        w.write_documents(parts.documents, mode="w")
+        w.save_array("chunks.npy", parts.chunks)
+        if parts.chunk_keys is not None:
+            w.save_array("chunk_keys.npy", parts.chunk_keys)
+        w.save_bm25(parts.bm25)
+        w.save_array("vectors.npy", np.ascontiguousarray(parts.vectors, dtype=np.float32))
+        w.save_index(parts.settings.get("dense", {}).get("file", "hnsw.faiss"), parts.hnsw)
+        counts = {"documents": len(parts.documents), "chunks": n_chunks, "token_vectors": 0}
+        if parts.token_vectors is not None and parts.token_offsets is not None:
+            w.save_array("token_vectors.npy", parts.token_vectors)
+            w.save_array("token_offsets.npy", parts.token_offsets.astype(np.int64))
+            if parts.token_scales is not None:
+                w.save_array("token_scales.npy", np.asarray(parts.token_scales, dtype=np.float32))
+            counts["token_vectors"] = int(len(parts.token_vectors))
+        return w.finish(counts=counts, dim=int(parts.vectors.shape[1]), settings=parts.settings,
+                        covered_seq=parts.covered_seq, keep_last=keep_last)
+    except BaseException:
+        w.abort()
+        raise
 
 
 def point_current(root: Path, snapshot: Path) -> None:
@@ -235,7 +326,7 @@ class LoadedSnapshot:
 
     path: Path
     manifest: dict[str, Any]
-    documents: list[Document]
+    documents: Sequence[Document]  # a DocumentFile: read from disk as asked for
     chunks: np.ndarray
     bm25: bm25s.BM25
     vectors: np.ndarray | None  # None, like hnsw, when the dense side could not be loaded
@@ -244,6 +335,7 @@ class LoadedSnapshot:
     token_offsets: np.ndarray | None
     dense_error: str | None = None
     token_scales: np.ndarray | None = None
+    chunk_keys: np.ndarray | None = None  # S16 [chunks], memory-mapped (snapshots before format 1.1: None)
 
     @property
     def generation(self) -> int:
@@ -322,19 +414,21 @@ def load_snapshot(root: Path, *, expected: dict[str, Any] | None = None, checksu
         dense_error = described
         log.error("dense index of %s unusable (%s): BM25 will serve alone", path, dense_error)
     else:
+        name = manifest.get("dense", {}).get("file", "hnsw.faiss")  # the kind built (index_builder/dense_index.py)
         try:
-            hnsw = faiss.read_index(str(path / "hnsw.faiss"))
+            hnsw = faiss.read_index(str(path / name))
         except Exception as e:  # corrupt beyond what a checksum catches (checksums off)
-            dense_error = f"hnsw.faiss: {e}"
-            log.error("cannot read %s/hnsw.faiss (%s): BM25 will serve alone", path, e)
+            dense_error = f"{name}: {e}"
+            log.error("cannot read %s/%s (%s): BM25 will serve alone", path, name, e)
     token_vectors = token_offsets = token_scales = None
     if (path / "token_vectors.npy").is_file():
         token_vectors = np.load(path / "token_vectors.npy", mmap_mode="r")
         token_offsets = np.load(path / "token_offsets.npy")
         if (path / "token_scales.npy").is_file():
             token_scales = np.load(path / "token_scales.npy")
+    chunk_keys = np.load(path / "chunk_keys.npy", mmap_mode="r") if (path / "chunk_keys.npy").is_file() else None
     counts = manifest["counts"]
     if len(documents) != counts["documents"] or len(chunks) != counts["chunks"]:
         raise SnapshotError(f"snapshot {path}: counts differ from the manifest ({counts})")
     return LoadedSnapshot(path, manifest, documents, chunks, bm25, vectors, hnsw, token_vectors, token_offsets,
-                          dense_error, token_scales)
+                          dense_error, token_scales, chunk_keys)

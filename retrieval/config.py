@@ -57,6 +57,7 @@ __all__ = ["AppConfig", "BatchingConfig", "BuildOptions", "DenseConfig", "FirstS
 class BuildOptions:
     token_vectors: bool = True
     keep_snapshots: int = 3
+    embed_batch: int = 1024  # passages embedded at a time: one checkpoint of the build (index_builder/build.py)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ class AppConfig:
     def build_config(self) -> BuildConfig:
         return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,
                            hnsw=self.hnsw, token_vectors=self.build.token_vectors,
-                           token_encoder=self.late_interaction, keep_snapshots=self.build.keep_snapshots)
+                           token_encoder=self.late_interaction, keep_snapshots=self.build.keep_snapshots,
+                           embed_batch=self.build.embed_batch, dense_index=self.dense.index)
 
 
 def _coerce(tp: Any, value: Any, where: str) -> Any:

@@ -58,8 +58,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from index_builder.build import BuildSummary, build_snapshot, chunk_passages
+from index_builder.build import BuildSummary, build_snapshot, chunk_passages, identity_of
 from index_builder.chunking import ChunkConfig, Chunker
+from index_builder.encodings import Source, chunk_keys
 from index_builder.models import Embedder, EmbedderConfig
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenEncoderConfig, TokenStore
 from index_builder.types import Document, Hits
@@ -245,6 +246,18 @@ class _LiveDense:
         scores = np.concatenate([s.vectors @ q for s in st.segments])
         buf = top_docs_from_chunk_scores(scores, st.starts, k, valid=None if doc_mask is None else doc_mask[nb:])
         return _merge_hits(base, buf, nb, nbc, k)
+
+
+def buffer_sources(state: BufferState, identity: bytes) -> list[Source]:
+    """The write buffer's segments as sources of encodings for a rebuild (keys made from their passages)."""
+    out = []
+    for i, seg in enumerate(state.segments):
+        if not len(seg.chunks):
+            continue
+        keys = chunk_keys(identity, chunk_passages(seg.docs, seg.chunks))
+        t = seg.tokens
+        out.append(Source(f"buffer segment {i}", keys, seg.vectors, t.vectors, t.offsets, t.scales))
+    return out
 
 
 class _LiveLate:
@@ -502,8 +515,13 @@ class LiveIndex:
                 return None
             root = self.base.snapshot.path.parent.parent
             embedder, token_encoder = self._rebuild_models()
-            summary = build_snapshot(docs, root, self.config.build_config(), embedder, covered_seq=seq,
-                                     token_encoder=token_encoder)
+            # Nothing is embedded again: the snapshot's chunks are found in it by key (build_snapshot reads it
+            # itself), and every buffered write was embedded when it arrived (its segments are given here).
+            build = self.config.build_config()
+            identity = identity_of(embedder, token_encoder if build.token_vectors else None,
+                                   build.token_encoder.storage)
+            summary = build_snapshot(docs, root, build, embedder, covered_seq=seq, token_encoder=token_encoder,
+                                     reuse=buffer_sources(self.view.state, identity), total=len(docs))
             new_base = SearchIndex.load(root, self.config, self.embedder)
             with self._lock:
                 self.base = new_base

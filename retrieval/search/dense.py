@@ -14,28 +14,34 @@ import math
 import faiss
 import numpy as np
 
+from index_builder.dense_index import search_params
 from index_builder.types import Hits
 from retrieval.search.aggregate import top_docs_from_chunk_hits, top_docs_from_chunk_scores
 from retrieval.search.settings import DenseConfig  # noqa: F401  (its section lives with the search settings)
 
 
 class DenseRetriever:
+    """Dense search over the snapshot's index (``index``: HNSW over float vectors, HNSW over 8-bit codes, or IVF-PQ:
+    index_builder/dense_index.py), documents scored by their best chunk. The compressed kinds re-score their
+    candidates exactly from ``vectors`` (float32, memory-mapped: only those rows are read)."""
+
     name = "dense"
 
-    def __init__(self, hnsw: faiss.Index | None, vectors: np.ndarray, chunk_doc: np.ndarray, starts: np.ndarray,
+    def __init__(self, index: faiss.Index | None, vectors: np.ndarray, chunk_doc: np.ndarray, starts: np.ndarray,
                  config: DenseConfig | None = None) -> None:
-        self.hnsw = hnsw
+        self.index = index
         self.vectors = vectors
         self.chunk_doc = chunk_doc
         self.starts = starts
         self.config = config or DenseConfig()
         self.n_chunks = len(chunk_doc)
+        self.rescores = index is not None and not isinstance(index, faiss.IndexHNSWFlat)
 
     def search(self, query_vec: np.ndarray, k: int, doc_mask: np.ndarray | None = None,
                chunk_mask: np.ndarray | None = None, *, exact: bool = False) -> Hits:
         """Top ``k`` documents for one unit query vector (float32 [dim])."""
         q = np.ascontiguousarray(query_vec, dtype=np.float32).reshape(1, -1)
-        if exact or self.hnsw is None:
+        if exact or self.index is None:
             return self.exact(q[0], k, doc_mask)
         n_allowed = self.n_chunks if chunk_mask is None else int(chunk_mask.sum())
         if n_allowed == 0:
@@ -43,22 +49,33 @@ class DenseRetriever:
         if chunk_mask is not None and n_allowed < self.config.exact_below * self.n_chunks:
             return self.exact_subset(q[0], k, chunk_mask)
         want = min(n_allowed, math.ceil(k * self.config.oversample))
-        params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]  # the faiss stubs predate it
+        sel = None
         bitmap = None  # must outlive the searches: faiss reads it through a raw pointer
         if chunk_mask is not None:
             bitmap = np.packbits(chunk_mask, bitorder="little")
-            params.sel = faiss.IDSelectorBitmap(self.n_chunks, faiss.swig_ptr(bitmap))
+            sel = faiss.IDSelectorBitmap(self.n_chunks, faiss.swig_ptr(bitmap))
         n_docs_allowed = len(self.starts) if doc_mask is None else int(doc_mask.sum())
         while True:
-            params.efSearch = max(self.config.ef_search, want)
-            scores, ids = self.hnsw.search(q, want, params=params)
-            hits = top_docs_from_chunk_hits(ids[0], scores[0], self.chunk_doc, k)
+            fetch = min(n_allowed, math.ceil(want * self.config.rescore)) if self.rescores else want
+            params = search_params(self.index, max(self.config.ef_search, fetch), self.config.nprobe, sel)
+            scores, ids = self.index.search(q, fetch, params=params)
+            ids, scores = ids[0], scores[0]
+            if self.rescores:
+                ids, scores = self._rescore(q[0], ids)
+            hits = top_docs_from_chunk_hits(ids, scores, self.chunk_doc, k)
             if len(hits) >= min(k, n_docs_allowed) or want >= n_allowed:
                 break
             want = min(n_allowed, want * 2)  # many chunks of the same documents: look further
         if len(hits) < min(k, n_docs_allowed) and chunk_mask is not None:
             return self.exact_subset(q[0], k, chunk_mask)  # graph search starved by the filter
         return hits
+
+    def _rescore(self, q: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates' exact inner products, best first (their rows read from the memory-mapped vectors)."""
+        ids = np.sort(ids[ids >= 0])
+        scores = np.asarray(self.vectors[ids]) @ q
+        order = np.argsort(-scores, kind="stable")
+        return ids[order], scores[order]
 
     def exact(self, q: np.ndarray, k: int, doc_mask: np.ndarray | None = None) -> Hits:
         """Exact inner-product search over every chunk (the ground truth HNSW is measured against)."""

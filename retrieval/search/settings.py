@@ -34,10 +34,20 @@ class DenseConfig:
     ef_search: int = 128
     oversample: float = 3.0
     exact_below: float = 0.05
+    # The index a build makes (index_builder/dense_index.py): "auto" (by corpus size), "hnsw" (float vectors in
+    # the graph), "hnsw_sq8" (8-bit codes), "ivf_pq" (48-byte codes); the compressed kinds re-score their best
+    # ``rescore`` x candidates from the float vectors (memory-mapped), ``nprobe`` lists for IVF-PQ.
+    index: str = "auto"
+    rescore: float = 4.0
+    nprobe: int = 32
 
     def __post_init__(self) -> None:
         if self.ef_search < 1 or self.oversample < 1 or not 0 <= self.exact_below <= 1:
             raise ValueError(f"dense needs ef_search >= 1, oversample >= 1, 0 <= exact_below <= 1; got {self}")
+        if self.index not in ("auto", "hnsw", "hnsw_sq8", "ivf_pq"):
+            raise ValueError(f"dense.index must be auto, hnsw, hnsw_sq8 or ivf_pq, got {self.index!r}")
+        if self.rescore < 1 or self.nprobe < 1:
+            raise ValueError(f"dense.rescore must be >= 1 and dense.nprobe >= 1, got {self.rescore}, {self.nprobe}")
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,27 @@ def test_restart_replays_the_store_and_matches_a_rebuild(live, config, embedder)
         p3.close()
 
 
+def test_a_rebuild_embeds_nothing_and_serves_what_the_buffer_served(live):
+    """Issue 41: the snapshot's chunks are found in it by key, every buffered write was embedded when it arrived,
+    so a rebuild runs no model at all; the answers after the swap are the buffer's (the same vectors; BM25's
+    collection statistics now include the writes, so the tail may move)."""
+    li, pipeline, store, tmp_path = live
+    li.upsert([NEW, Document(id="law-new", tenant="initech", text="A contract signed under duress can be voided "
+                             "by the party who was coerced.", metadata={"topic": "law"})])
+    li.delete(["astro-001"])
+    li.upsert([Document(id="bio-002", tenant="globex",
+                        text="Edited: octopuses taste with their suckers.")])
+    queries = ["how do axolotls regrow their limbs", "can a contract signed under pressure be cancelled",
+               "what do octopus suckers do", "how do bees find flowers"]
+    before = {q: ids(pipeline, q, stages=STAGES)[0] for q in queries}
+    summary = li.rebuild()
+    assert summary is not None and summary.embedded == 0 and summary.reused == summary.chunks, summary
+    assert li.view.buffered == 0
+    for q in queries:
+        after = ids(pipeline, q, stages=STAGES)[0]
+        assert after[:3] == before[q][:3] and len(set(after) & set(before[q])) >= 8, (q, after, before[q])
+
+
 @pytest.mark.slow
 def test_writers_and_readers_across_swaps(live, config, embedder):
     """8 writers (40 documents each at most, so that a rebuild's cost stays bounded) and 16 readers for a bounded
