@@ -201,10 +201,13 @@ def build_snapshot(docs: Iterable[Document], root: Path, config: BuildConfig, em
     storage = config.token_encoder.storage
     identity = identity_of(embedder, token_encoder, storage)
     with _BuildLock(root):
-        sources = Sources(reuse)
-        if (current := _current_source(root, identity)) is not None:
+        sources = Sources(reuse if config.reuse else ())
+        if config.reuse and (current := _current_source(root, identity)) is not None:
             sources.add(current)
         work = BuildWork(root / ".build-work", identity)
+        if not config.reuse:
+            work.remove()  # a killed build's checkpoints are encodings too
+            work = BuildWork(root / ".build-work", identity)
         for seg in work.sources():
             sources.add(seg)
         writer = SnapshotWriter(root)

@@ -185,6 +185,10 @@ class BuildConfig:
     # passages embedded at a time: one checkpoint of the build (a killed build resumes after its last one), and the
     # bound on what the build holds of model output at once (index_builder/build.py)
     embed_batch: int = 1024
+    # true: reuse the encodings the current snapshot, the write buffer and a killed build's checkpoints hold (by
+    # chunk key: model files' sha256 and settings + passage); false embeds every passage again (to time a full
+    # build, or after a runtime upgrade that changes the vectors the same model file makes)
+    reuse: bool = True
     dense_index: str = "auto"  # [dense] index: auto, hnsw, hnsw_sq8, ivf_pq (index_builder/dense_index.py)
 
     def __post_init__(self) -> None:

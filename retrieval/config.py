@@ -58,6 +58,7 @@ class BuildOptions:
     token_vectors: bool = True
     keep_snapshots: int = 3
     embed_batch: int = 1024  # passages embedded at a time: one checkpoint of the build (index_builder/build.py)
+    reuse: bool = True  # false: embed every passage again instead of reusing the encodings earlier builds hold
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ class AppConfig:
         return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,
                            hnsw=self.hnsw, token_vectors=self.build.token_vectors,
                            token_encoder=self.late_interaction, keep_snapshots=self.build.keep_snapshots,
-                           embed_batch=self.build.embed_batch, dense_index=self.dense.index)
+                           embed_batch=self.build.embed_batch, reuse=self.build.reuse,
+                           dense_index=self.dense.index)
 
 
 def _coerce(tp: Any, value: Any, where: str) -> Any:

@@ -19,10 +19,10 @@ from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from tests.helpers import REPO, ServeProcess
 
 
-def start(index: Path, store: Path) -> tuple[ServeProcess, str]:
+def start(index: Path, store: Path, **env: str) -> tuple[ServeProcess, str]:
     server = ServeProcess(["--index", str(index), "--store", str(store)],
                           env={"HYBRIDRAG_LIVE__REBUILD_AFTER_S": "0",
-                               "HYBRIDRAG_LIVE__REBUILD_AFTER_WRITES": "0"})  # rebuilds only when asked
+                               "HYBRIDRAG_LIVE__REBUILD_AFTER_WRITES": "0", **env})  # rebuilds only when asked
     return server, server.target
 
 
@@ -80,8 +80,10 @@ def test_kill_9_during_upserts_and_during_a_rebuild(tmp_path):
         proc.kill()
     assert 6 <= len(acked) < 1000
     check_after_restart(index, store, acked, generation=1)
-    # 2. killed during a rebuild (the writes made before it must survive; CURRENT must stay loadable)
-    proc, target = start(index, store)
+    # 2. killed during a rebuild (the writes made before it must survive; CURRENT must stay loadable). A rebuild
+    # reuses every encoding it can and is over in well under a second here: [build] reuse = false makes this one
+    # embed the corpus again (~3 s), so the kill lands inside it
+    proc, target = start(index, store, HYBRIDRAG_BUILD__REUSE="false")
     try:
         with client(target) as c:
             for i in range(1000, 1004):
