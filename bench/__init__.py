@@ -16,6 +16,12 @@ SCRIPTS: dict[str, tuple[str, str]] = {
                                    "Retrieve under Generate load"),
     "live": ("bench.live", "the live index: queries during a rebuild, write throughput and visibility, upserts as "
                            "the buffer grows, memory under a write stream"),
+    "build": ("bench.build", "the build against the encoder alone on the same passages; a rebuild after edits"),
+    "scale": ("bench.scale", "what the build and the service cost from thousands to a million passages: build time, "
+                             "peak RSS, disk and serving RSS per passage, latency per stage, dense recall; quality "
+                             "with distractors"),
+    "scale_corpus": ("bench.scale_corpus", "the scale bench's corpora: Debian's documentation cut into passages, "
+                                           "recombined sentences past its size"),
     "bm25_speed": ("bench.bm25_speed", "bm25s against rank-bm25 over the same chunks"),
     "gpu_check": ("bench.gpu_check", "model roles per execution provider and batch size; the GPU fallback"),
     "naive_baseline": ("bench.naive_baseline", "the tutorial pipeline the load bench compares against"),
@@ -25,5 +31,8 @@ SCRIPTS: dict[str, tuple[str, str]] = {
                                                                "weight, BM25 k1/b) chosen by the worst case"),
     "ce_levers": ("bench.studies.ce_levers", "the cross-encoder's levers: quality and cost of each, in one run"),
     "bm25_units": ("bench.studies.bm25_units", "BM25 over documents against chunks, Porter against Snowball"),
+    "token_codes": ("bench.studies.token_codes", "compact token stores (int4, 1-bit, residual codes, PCA, pooling, "
+                                                 "stacked): bytes, nDCG of the served cascade, MaxSim time; the "
+                                                 "default by the worst case"),
     "ood": ("bench.studies.ood", "an out-of-domain doc-query set from a dataset's own judgments (a data tool)"),
 }

@@ -25,7 +25,7 @@ from index_builder.chunking import Chunker, chunk_passage
 from index_builder.encodings import KEY, BuildWork, Source, Sources, chunk_keys, encoder_identity
 from index_builder.errors import SnapshotError
 from index_builder.models import Embedder
-from index_builder.settings import BM25Config, BuildConfig, HNSWConfig  # noqa: F401  (re-exported)
+from index_builder.settings import STORAGES, BM25Config, BuildConfig, HNSWConfig  # noqa: F401  (re-exported)
 from index_builder.snapshot import LoadedSnapshot, SnapshotParts, SnapshotWriter, load_snapshot, write_snapshot
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore, make_token_encoder
 from index_builder.types import Document
@@ -91,28 +91,33 @@ DOC_BATCH = 512  # documents read, chunked and analysed at a time
 COPY_BLOCK = 16_384  # chunks copied at a time into the snapshot's arrays
 
 
-def identity_of(embedder: Embedder, token_encoder: TokenEncoder | None, storage: str) -> bytes:
+def identity_of(embedder: Embedder, token_encoder: TokenEncoder | None) -> bytes:
     """The encoders' identity the chunk keys are made under (not the runtime's providers: the same model on
-    another device makes the same vectors, to float rounding)."""
+    another device makes the same vectors, to float rounding; not the token storage: a store in another form is
+    re-stored from the same vectors, see :func:`_restore`)."""
     model = {k: v for k, v in embedder.describe().items() if k != "providers"}
-    tokens = None if token_encoder is None else token_settings(token_encoder, storage)
-    return encoder_identity(model, tokens)
+    return encoder_identity(model, None if token_encoder is None else token_encoder.describe())
 
 
 def snapshot_source(snap: LoadedSnapshot, identity: bytes) -> Source | None:
-    """The encodings of an existing snapshot as a source (None when it has none usable): its ``chunk_keys.npy``,
-    or, for a snapshot written before chunk keys existed, keys made now from its documents and chunks."""
+    """The encodings of an existing snapshot as a source (None when it has none usable): its ``chunk_keys.npy``
+    when they were made under ``identity``, else (a snapshot written before chunk keys existed, or whose keys were
+    made under another rule) keys made now from its documents and chunks, if its models are ours."""
     if snap.vectors is None:
         return None
+    models = snap.manifest.get("models", {})
+    tokens = models.get("token_encoder")
     keys = snap.chunk_keys
-    if keys is None:  # made before chunk keys: only if its models are ours
-        models = snap.manifest.get("models", {})
+    if keys is None or snap.manifest.get("chunk_keys", {}).get("identity") != identity.hex():
         embedder = {k: v for k, v in (models.get("embedder") or {}).items() if k != "providers"}
-        if encoder_identity(embedder, models.get("token_encoder")) != identity:
+        described = None if tokens is None else {k: v for k, v in tokens.items() if k != "dtype"}
+        if encoder_identity(embedder, described) != identity and encoder_identity(embedder, None) != identity:
             return None
         keys = chunk_keys(identity, chunk_passages(snap.documents, snap.chunks))
+    has_tokens = snap.token_vectors is not None and snap.token_offsets is not None
     return Source(f"snapshot {snap.path.name}", np.asarray(keys), snap.vectors, snap.token_vectors,
-                  None if snap.token_offsets is None else np.asarray(snap.token_offsets), snap.token_scales)
+                  None if snap.token_offsets is None else np.asarray(snap.token_offsets), snap.token_scales,
+                  storage=str((tokens or {}).get("dtype", "int8")) if has_tokens else "")
 
 
 def _current_source(root: Path, identity: bytes) -> Source | None:
@@ -199,17 +204,20 @@ def build_snapshot(docs: Iterable[Document], root: Path, config: BuildConfig, em
     if not config.token_vectors:
         token_encoder = None
     storage = config.token_encoder.storage
-    identity = identity_of(embedder, token_encoder, storage)
+    identity = identity_of(embedder, token_encoder)
     with _BuildLock(root):
-        sources = Sources(reuse if config.reuse else ())
+        found = list(reuse) if config.reuse else []
         if config.reuse and (current := _current_source(root, identity)) is not None:
-            sources.add(current)
-        work = BuildWork(root / ".build-work", identity)
+            found.append(current)
+        stamp = identity + storage.encode()  # checkpoints hold tokens in this build's storage
+        work = BuildWork(root / ".build-work", stamp)
         if not config.reuse:
             work.remove()  # a killed build's checkpoints are encodings too
-            work = BuildWork(root / ".build-work", identity)
+            work = BuildWork(root / ".build-work", stamp)
         for seg in work.sources():
-            sources.add(seg)
+            seg.storage = storage
+            found.append(seg)
+        sources = _usable(found, storage if token_encoder is not None else None)
         writer = SnapshotWriter(root)
         try:
             summary = _build(docs, writer, config, embedder, token_encoder, identity, sources, work, progress,
@@ -225,6 +233,7 @@ def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig
            token_encoder: TokenEncoder | None, identity: bytes, sources: Sources, work: BuildWork, progress: bool,
            covered_seq: int, total: int | None, t0: float) -> BuildSummary:
     timings = {"chunk": 0.0, "bm25": 0.0, "embed": 0.0}
+    storage = config.token_encoder.storage
     chunker = Chunker(embedder.files.tokenizer_path, config.chunking)
     analyzer = Analyzer(config.analyzer)
     bm25 = BM25Builder()
@@ -252,12 +261,7 @@ def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig
         store = None
         if token_encoder is not None and per_passage is not None:
             store = TokenStore.from_lists(per_passage, token_encoder.dim, config.token_encoder.storage)
-        try:
-            seg = work.write(keys, enc.embeddings, None if store is None else store.vectors,
-                             None if store is None else store.offsets, None if store is None else store.scales)
-        except OSError as e:
-            raise SnapshotError(f"cannot write the build's checkpoint under {work.folder}: {e.strerror or e}") from None
-        sources.add(seg)
+        sources.sources.insert(0, _checkpoint(work, keys, enc.embeddings, store, storage))
         timings["embed"] += time.perf_counter() - t
         bar.update(0, embedded=len(passages))
 
@@ -293,10 +297,63 @@ def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig
     chunks = np.concatenate(chunk_parts)
     keys = np.concatenate(key_parts)
     del chunk_parts, key_parts
+    if token_encoder is not None:
+        t = time.perf_counter()
+        if restored := _restore(keys, sources, work, storage, token_encoder.dim, config.embed_batch):
+            timings["restore"] = time.perf_counter() - t
+            log.info("re-stored the token vectors of %d chunks in %s (no model call)", restored, storage)
     summary = _assemble(writer, chunks, keys, n_docs, sources, bm25, config, embedder, token_encoder, covered_seq,
-                        timings, t0)
+                        timings, t0, identity)
     summary.embedded, summary.reused = bar.embedded, bar.reused
     return summary
+
+
+def _usable(found: Sequence[Source], storage: str | None) -> Sources:
+    """The sources a build may take encodings from, those holding tokens in its ``storage`` first: a source in
+    another form serves only if its vectors can be re-stored (float16, int8: :func:`_restore`); a compact store
+    cannot be turned into another one, so its chunks are embedded again. ``storage`` None: no token vectors."""
+    if storage is None:
+        return Sources(found)
+    same = [s for s in found if s.storage == storage]
+    other = [s for s in found if s.storage != storage and s.storage in STORAGES]
+    for s in found:
+        if s.storage != storage and s.storage not in STORAGES:
+            log.warning("%s stores token vectors as %s, which cannot be re-stored as %s: its chunks are embedded "
+                        "again", s.name, s.storage, storage)
+    return Sources(same + other)
+
+
+def _checkpoint(work: BuildWork, keys: np.ndarray, vectors: np.ndarray, store: TokenStore | None,
+                storage: str) -> Source:
+    """One batch of encodings written to the build's work folder (atomically), as a source."""
+    try:
+        seg = work.write(keys, vectors, None if store is None else store.vectors,
+                         None if store is None else store.offsets, None if store is None else store.scales)
+    except OSError as e:
+        raise SnapshotError(f"cannot write the build's checkpoint under {work.folder}: {e.strerror or e}") from None
+    seg.storage = storage
+    return seg
+
+
+def _restore(keys: np.ndarray, sources: Sources, work: BuildWork, storage: str, dim: int, batch: int) -> int:
+    """Re-store, in this build's ``storage``, the token vectors of the chunks whose only source keeps them in
+    another form (an int8 snapshot built before the storage changed): decoded per chunk, coded a batch at a time
+    into checkpoints, no model call. Returns the number of chunks re-stored."""
+    unique = np.unique(keys)
+    src, row = sources.find(unique)
+    other = np.flatnonzero([sources.sources[s].storage != storage for s in src.tolist()])
+    for a in range(0, len(other), batch):
+        sel = other[a:a + batch]
+        per_passage, vectors = [], []
+        for i in sel.tolist():
+            s = sources.sources[int(src[i])]
+            assert s.token_vectors is not None and s.token_offsets is not None
+            plain = TokenStore(s.token_vectors, s.token_offsets, s.token_scales, s.storage)
+            per_passage.append(plain.floats(int(row[i])))
+            vectors.append(np.asarray(s.vectors[int(row[i])], dtype=np.float32))
+        store = TokenStore.from_lists(per_passage, dim, storage)
+        sources.sources.insert(0, _checkpoint(work, unique[sel], np.stack(vectors), store, storage))
+    return len(other)
 
 
 def _batches(docs: Iterable[Document], n: int) -> Iterator[list[Document]]:
@@ -307,7 +364,7 @@ def _batches(docs: Iterable[Document], n: int) -> Iterator[list[Document]]:
 
 def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_docs: int, sources: Sources,
               bm25: BM25Builder, config: BuildConfig, embedder: Embedder, token_encoder: TokenEncoder | None,
-              covered_seq: int, timings: dict[str, float], t0: float) -> BuildSummary:
+              covered_seq: int, timings: dict[str, float], t0: float, identity: bytes) -> BuildSummary:
     """Fill the snapshot's arrays from the sources, in chunk order, a block at a time; the HNSW graph as the dense
     rows arrive; BM25 scored; the manifest last."""
     n = len(chunks)
@@ -347,7 +404,8 @@ def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_do
     del index
     avgdl = bm25.avgdl()
     writer.save_bm25(bm25.finish(config.bm25.k1, config.bm25.b))
-    settings = {**_with_avgdl(index_settings(config, embedder, token_encoder), avgdl), "dense": dense}
+    settings = {**_with_avgdl(index_settings(config, embedder, token_encoder), avgdl), "dense": dense,
+                "chunk_keys": {"identity": identity.hex()}}
     path = writer.finish(counts=counts, dim=embedder.dim, settings=settings, covered_seq=covered_seq,
                          keep_last=config.keep_snapshots)
     timings["write"] = time.perf_counter() - t
@@ -367,7 +425,8 @@ def _assemble_tokens(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, s
     first = sources.sources[int(src[0])]
     assert first.token_vectors is not None
     tv = writer.open_array("token_vectors.npy", first.token_vectors.dtype, (total, first.token_vectors.shape[1]))
-    ts = None if first.token_scales is None else writer.open_array("token_scales.npy", np.float32, (total,))
+    ts = (None if first.token_scales is None
+          else writer.open_array("token_scales.npy", first.token_scales.dtype, (total,)))
     for i in range(len(src)):
         s = sources.sources[int(src[i])]
         assert s.token_offsets is not None
@@ -406,6 +465,9 @@ def rebuild_token_vectors(root: Path, token_encoder: TokenEncoder | None, storag
     else:
         if snap.token_vectors is None or snap.token_offsets is None or not m["models"].get("token_encoder"):
             raise ValueError(f"snapshot {snap.path} has no token vectors to re-store; give a token encoder")
+        if (have := m["models"]["token_encoder"].get("dtype", "int8")) not in STORAGES:
+            raise ValueError(f"snapshot {snap.path} stores its token vectors as {have}, which cannot be re-stored "
+                             f"in another form; give a token encoder (the model computes them again)")
         flat = np.asarray(snap.token_vectors, dtype=np.float32)
         if snap.token_scales is not None:
             flat = flat * snap.token_scales[:, None]

@@ -58,6 +58,7 @@ class Source:
     token_vectors: Any = None
     token_offsets: np.ndarray | None = None
     token_scales: Any = None
+    storage: str = ""  # the token vectors' storage (int8, float16, a codec spec); "" when it holds none
     _order: np.ndarray | None = field(default=None, repr=False)
     _sorted: np.ndarray | None = field(default=None, repr=False)
 
@@ -140,7 +141,7 @@ class BuildWork:
         if token_vectors is not None and token_offsets is not None:
             arrays |= {"token_vectors": token_vectors, "token_offsets": token_offsets.astype(np.int64)}
             if token_scales is not None:
-                arrays["token_scales"] = np.asarray(token_scales, dtype=np.float32)
+                arrays["token_scales"] = np.asarray(token_scales)  # float32 (int8), float16 (a codec)
         for name, a in arrays.items():
             with open(tmp / f"{name}.npy", "wb") as f:
                 np.save(f, a)

@@ -11,9 +11,11 @@ Layout of an index root::
         vectors.npy                   float32 [chunks, dim], unit length (exact search, rebuilds without re-embedding)
         hnsw.faiss                    the dense index, inner product, same rows as vectors.npy: faiss IndexHNSWFlat;
                                       or hnsw_sq8.faiss / ivf_pq.faiss ([dense] index, manifest "dense")
-        token_vectors.npy             float16 [tokens, tdim] unit length (late interaction), optional
+        token_vectors.npy             late interaction, optional, in manifest models.token_encoder.dtype: float16
+                                      [tokens, tdim] unit length; int8 [tokens, tdim]; or a codec's codes
+                                      (rerank/token_codes.py, e.g. pool3+bins: uint8 [pooled vectors, tdim/8])
         token_offsets.npy             int64 [chunks + 1]: chunk i owns rows offsets[i]:offsets[i+1]
-        token_scales.npy              float32 [tokens]: per-vector scale when token_vectors.npy is int8 (optional)
+        token_scales.npy              per-vector scales: float32 [tokens] for int8, float16 for a codec that has them
         chunk_keys.npy                S16 [chunks]: what each chunk's vectors encode (model identity + passage), so
                                       a later build reuses them instead of embedding again (index_builder/encodings.py)
         manifest.json                 written last: format version, counts, models, settings, sha256 of every file
@@ -288,7 +290,7 @@ def write_snapshot(root: Path, parts: SnapshotParts, *, keep_last: int = 0) -> P
             w.save_array("token_vectors.npy", parts.token_vectors)
             w.save_array("token_offsets.npy", parts.token_offsets.astype(np.int64))
             if parts.token_scales is not None:
-                w.save_array("token_scales.npy", np.asarray(parts.token_scales, dtype=np.float32))
+                w.save_array("token_scales.npy", np.asarray(parts.token_scales))  # float32 (int8), float16 (codes)
             counts["token_vectors"] = int(len(parts.token_vectors))
         return w.finish(counts=counts, dim=int(parts.vectors.shape[1]), settings=parts.settings,
                         covered_seq=parts.covered_seq, keep_last=keep_last)
@@ -425,7 +427,7 @@ def load_snapshot(root: Path, *, expected: dict[str, Any] | None = None, checksu
         token_vectors = np.load(path / "token_vectors.npy", mmap_mode="r")
         token_offsets = np.load(path / "token_offsets.npy")
         if (path / "token_scales.npy").is_file():
-            token_scales = np.load(path / "token_scales.npy")
+            token_scales = np.load(path / "token_scales.npy", mmap_mode="r")  # read for the head only
     chunk_keys = np.load(path / "chunk_keys.npy", mmap_mode="r") if (path / "chunk_keys.npy").is_file() else None
     counts = manifest["counts"]
     if len(documents) != counts["documents"] or len(chunks) != counts["chunks"]:

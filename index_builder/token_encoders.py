@@ -11,10 +11,10 @@ Two sources:
   positions are scored too), ``[CLS] [D] passage [SEP]`` cut at ``doc_maxlen`` ids with punctuation skipped.
   Missing keys take Stanford ColBERT's defaults ([unused0]/[unused1] markers, 32 query ids).
 
-Storage (``storage``): ``int8`` (default) with one float32 scale per vector (``v ~= q * scale``,
-``scale = max|v| / 127``), or ``float16``. int8 takes about half the bytes, and MaxSim reads it faster (int8 to
-float32 converts faster than float16); on SciFact and NFCorpus it changed late interaction's nDCG@10 by at most
-0.001 either way (README: Results).
+Storage (``storage``): ``int8`` with one float32 scale per vector (``v ~= q * scale``, ``scale = max|v| / 127``),
+``float16``, or a compact codec of :mod:`rerank.token_codes` (``pool3+bins``: each passage's tokens pooled three to
+one, each pooled vector kept as its 384 signs and one float16 scale, 50 bytes against int8's 388; scored on the
+codes). The choice, with every option's bytes and quality: docs/results/token-codes.md.
 """
 
 from __future__ import annotations
@@ -229,23 +229,44 @@ def quantize_int8(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class TokenStore:
-    """Token vectors back to back: ``vectors`` [T, d] (float16, or int8 with ``scales`` [T]), ``offsets``
-    [passages + 1] (passage i owns rows ``offsets[i]:offsets[i+1]``)."""
+    """Token vectors back to back: ``vectors`` [T, d] (float16, or int8 with ``scales`` [T]; for a codec
+    ``storage``, its codes [T, B] and scales), ``offsets`` [passages + 1] (passage i owns rows
+    ``offsets[i]:offsets[i+1]``; with a pooling codec T counts pooled vectors)."""
 
     vectors: np.ndarray
     offsets: np.ndarray
     scales: np.ndarray | None = None
+    storage: str = "int8"
 
     @classmethod
     def from_lists(cls, per_passage: Sequence[np.ndarray], dim: int, storage: str) -> TokenStore:
+        """Passages' token vectors (float [t_i, dim] each) stored in ``storage``."""
         lengths = np.array([len(v) for v in per_passage], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         flat = (np.concatenate([np.asarray(v, dtype=np.float32) for v in per_passage]) if len(per_passage)
                 else np.zeros((0, dim), np.float32)).reshape(-1, dim)
         if storage == "int8":
             q, scales = quantize_int8(flat)
-            return cls(q, offsets, scales)
-        return cls(flat.astype(np.float16), offsets, None)
+            return cls(q, offsets, scales, storage)
+        if storage == "float16":
+            return cls(flat.astype(np.float16), offsets, None, storage)
+        from rerank.token_codes import CodecSpec, TokenCodec, check_storage
+
+        storage = check_storage(storage)
+        codes = TokenCodec(CodecSpec.parse(storage), dim).encode_passages(flat, offsets)
+        return cls(codes.codes, codes.offsets, codes.scales, storage)
+
+    def floats(self, passage: int) -> np.ndarray:
+        """One passage's token vectors as float32 [t, d]: what a store of another storage is made from
+        (:meth:`from_lists`). Only the plain storages keep them; a codec's codes cannot be re-coded."""
+        if self.storage not in STORAGES:
+            raise ValueError(f"a {self.storage} token store cannot be re-stored in another form: rebuild it from "
+                             f"the model (its vectors are pooled or quantised past recovery)")
+        lo, hi = int(self.offsets[passage]), int(self.offsets[passage + 1])
+        out = np.asarray(self.vectors[lo:hi], dtype=np.float32)
+        if self.scales is not None:
+            out = out * np.asarray(self.scales[lo:hi], dtype=np.float32)[:, None]
+        return out
 
     @property
     def nbytes(self) -> int:

@@ -8,6 +8,7 @@ import numpy as np
 
 from rerank.interpolation import blend_with_prior
 from rerank.maxsim import token_maxsims
+from rerank.token_codes import TokenCodes, pooled, stored_codec
 
 SCORES = ("maxsim", "token_z")
 
@@ -57,30 +58,58 @@ def head_scores(per_token: np.ndarray, score: str = "maxsim") -> np.ndarray:
 
 
 class LateInteractionReranker:
-    """MaxSim over the candidate chunks' stored token vectors (``vectors`` [T, d] float16, or int8 with per-vector
-    ``scales`` [T]; ``offsets`` [chunks + 1])."""
+    """MaxSim over the candidate chunks' stored token vectors: ``vectors`` [T, d] float16, or int8 with per-vector
+    ``scales`` [T] (``storage`` ``float16`` / ``int8``), or the codes of a compact store (``storage`` a codec spec
+    of :mod:`rerank.token_codes` such as ``pool3+bins``: packed codes [T, B], ``scales`` [T] where the codec has
+    them, scored on the codes); ``offsets`` [chunks + 1]. Any array may be a memmap: only the head's rows are read."""
 
-    def __init__(self, vectors: np.ndarray, offsets: np.ndarray, scales: np.ndarray | None = None) -> None:
+    def __init__(self, vectors: np.ndarray, offsets: np.ndarray, scales: np.ndarray | None = None,
+                 storage: str = "int8") -> None:
         self.vectors = vectors
         self.offsets = offsets
         self.scales = scales
+        self.storage = storage
+        self.codec = stored_codec(storage, int(vectors.shape[1])) if vectors.ndim == 2 else None
+        self.pooled = pooled(storage)
+        self._codes = None if self.codec is None else TokenCodes(vectors, offsets, scales)
+
+    def token_maxsims(self, query_tokens: np.ndarray, head: np.ndarray) -> np.ndarray:
+        """Each query token's best similarity in each head chunk: float32 [len(head), q]."""
+        head = np.asarray(head, dtype=np.int64)
+        if self.codec is not None:
+            assert self._codes is not None
+            return self.codec.token_maxsims(np.asarray(query_tokens, dtype=np.float32), self._codes, head)
+        return token_maxsims(query_tokens, self.vectors, self.offsets, head, self.scales)
 
     def scores(self, query_tokens: np.ndarray, head: np.ndarray, score: str = "maxsim") -> np.ndarray:
         """One score per head chunk, float32 [len(head)]: ``maxsim`` (the sum over query tokens of each token's
         best similarity) or ``token_z`` (each query token's best similarities z-scored over the head, averaged:
         every query token gets the same say, whatever the spread of its similarities)."""
-        per_token = token_maxsims(query_tokens, self.vectors, self.offsets, np.asarray(head, dtype=np.int64),
-                                  self.scales)  # [head, q]
-        return head_scores(per_token, score)
+        return head_scores(self.token_maxsims(query_tokens, head), score)  # [head, q] -> [head]
 
-    def token_sims(self, query_tokens: np.ndarray, chunk: int) -> np.ndarray:
-        """Every stored token of ``chunk`` against every query token: float32 [t, q] (the input of
-        :func:`rerank.windows.best_window`)."""
+    def decoded(self, chunk: int) -> np.ndarray:
+        """The vectors ``chunk``'s stored tokens stand for: float32 [t, d] (a codec's decoded vectors; MaxSim over
+        them equals :meth:`token_maxsims` up to float rounding). What an engine that stores floats is given."""
         lo, hi = int(self.offsets[chunk]), int(self.offsets[chunk + 1])
+        if self.codec is not None:
+            assert self._codes is not None
+            return self.codec.decode(self._codes, np.arange(lo, hi))
         tokens = np.asarray(self.vectors[lo:hi], dtype=np.float32)
         if self.scales is not None:
             tokens *= np.asarray(self.scales[lo:hi], dtype=np.float32)[:, None]
-        return tokens @ np.asarray(query_tokens, dtype=np.float32).T
+        return tokens
+
+    def token_sims(self, query_tokens: np.ndarray, chunk: int) -> np.ndarray | None:
+        """Every stored token of ``chunk`` against every query token: float32 [t, q] (the input of
+        :func:`rerank.windows.best_window`); None for a pooled store, whose vectors stand for clusters of tokens
+        and have no positions (a window cannot be placed)."""
+        if self.pooled:
+            return None
+        if self.codec is not None:
+            assert self._codes is not None
+            lo, hi = int(self.offsets[chunk]), int(self.offsets[chunk + 1])
+            return self.codec.similarities(np.asarray(query_tokens, dtype=np.float32), self._codes, np.arange(lo, hi))
+        return self.decoded(chunk) @ np.asarray(query_tokens, dtype=np.float32).T
 
     def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0,
                score: str = "maxsim") -> Reordering:

@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # One-command set-up on a fresh machine: a virtual environment with the service, the dev tools, the bundled
-# offline models and the embedded generator. Usage: bash scripts/setup.sh [--bench] [--no-llm]
+# offline models and the embedded generator. Usage: bash scripts/setup.sh [--bench] [--no-llm] [--scale]
 #   --bench   adds torch 2.13.0 CPU, sentence-transformers, transformers: needed only for the baseline benchmarks
 #             and 'hybridrag models export'.
 #   --no-llm  skips llama-cpp-python (compiled from source: no wheel for this platform on PyPI; minutes on 2
 #             cores) and the SmolLM2 GGUF; Generate then needs generation.backend.base_url (vLLM, llama.cpp).
+#   --scale   adds the Debian documentation the scale bench's corpora are cut from (bench/scale_corpus.py):
+#             python3-doc, linux-doc, perl-doc, debian-reference-en, man-db (man pages rendered as text); apt-get
+#             when root, else skipped with the command to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-bench=0 llm=1
+bench=0 llm=1 scale=0
 for arg in "$@"; do
   case "$arg" in
     --bench) bench=1 ;;
     --no-llm) llm=0 ;;
-    *) echo "setup.sh: unknown option $arg (allowed: --bench, --no-llm)" >&2; exit 2 ;;
+    --scale) scale=1 ;;
+    *) echo "setup.sh: unknown option $arg (allowed: --bench, --no-llm, --scale)" >&2; exit 2 ;;
   esac
 done
 [ -d .venv ] || "$PY" -m venv .venv
@@ -39,6 +43,11 @@ command -v redis-server > /dev/null || apt_wanted="redis-server"
 [ -x /usr/bin/chromium ] || apt_wanted="$apt_wanted chromium"
 [ -x /usr/sbin/nginx ] || command -v nginx > /dev/null || apt_wanted="$apt_wanted nginx-light"
 command -v h2load > /dev/null || apt_wanted="$apt_wanted nghttp2-client"
+if [ "$scale" = 1 ]; then  # the scale bench's real text: man pages, /usr/share/doc, Python's and Linux's docs
+  for pkg in python3-doc linux-doc perl-doc debian-reference-en man-db; do
+    dpkg -s "$pkg" > /dev/null 2>&1 || apt_wanted="$apt_wanted $pkg"
+  done
+fi
 if [ -n "$apt_wanted" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
     # policy-rc.d 101: packages start no service (nginx's would take port 80); tests start their own servers

@@ -55,6 +55,21 @@ def sample_index_dir(tmp_path_factory, sample_docs, config, embedder) -> Path:
 
 
 @pytest.fixture(scope="session")
+def int8_index_dir(tmp_path_factory, sample_docs, config, embedder) -> Path:
+    """The sample index with its token vectors stored as int8 (the plain storage studies and caches read)."""
+    root = tmp_path_factory.mktemp("sample-index-int8")
+    build = config.build_config()
+    build = dataclasses.replace(build, token_encoder=dataclasses.replace(build.token_encoder, storage="int8"))
+    build_snapshot(sample_docs, root, build, embedder)
+    return root
+
+
+@pytest.fixture(scope="session")
+def int8_index(int8_index_dir, config, embedder) -> SearchIndex:
+    return SearchIndex.load(int8_index_dir, config, embedder)
+
+
+@pytest.fixture(scope="session")
 def sample_index(sample_index_dir, config, embedder) -> SearchIndex:
     return SearchIndex.load(sample_index_dir, config, embedder)
 

@@ -133,3 +133,93 @@ def plot_open(opened: dict[str, dict], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_scale(sizes: dict[int, dict[str, Any]], path: Path, title: str) -> None:
+    """The scale bench's curves, corpus size on a log x axis: build time and its split, the build's peak RSS, disk
+    bytes per passage by part, the server's RSS per passage, Retrieve p50/p99 per concurrency, the stage split at
+    one caller, the dense stage's recall@100 against exact. Sizes built on synthesised (perturbed) vectors are
+    drawn with open markers and named so on the x axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = {n: e for n, e in sorted(sizes.items()) if "build" in e}
+    if not sizes:
+        return
+    ns = list(sizes)
+    rows = list(sizes.values())
+    synthetic = [r["build"]["vectors"].get("synthesised", 0) > 0 for r in rows]
+
+    def line(ax: Any, ys: list[Any], label: str, color: str, style: str = "-") -> None:
+        ys = [np.nan if y is None else y for y in ys]
+        ax.plot(ns, ys, style, color=color, label=label)
+        for x, y, s in zip(ns, ys, synthetic, strict=True):
+            ax.plot([x], [y], "o", color=color, mfc="white" if s else color, ms=6)
+
+    fig, axes = plt.subplots(2, 4, figsize=(20, 9))
+    ax = axes[0][0]
+    line(ax, [r["build"]["wall_s"] for r in rows], "build (wall)", "black")
+    stages = sorted({k for r in rows for k in r["build"]["timings"]})
+    for i, st in enumerate(stages):
+        line(ax, [r["build"]["timings"].get(st) for r in rows], st, f"C{i % 10}", "--")
+    proj = [r["build"].get("embed_projected_s") for r in rows]
+    if any(proj):
+        line(ax, proj, "embed, projected (model wp/s)", "grey", ":")
+    ax.set(xscale="log", yscale="log", ylabel="seconds", title="build time and its split")
+    ax = axes[0][1]
+    line(ax, [r["build"]["peak_rss_mib"] for r in rows], "peak RSS (ru_maxrss)", "C3")
+    for key, label, color in (("peak_anon_mib", "peak anonymous (sampled)", "C0"),
+                              ("peak_file_mib", "peak file-backed (sampled)", "C1")):
+        if any(r["build"].get(key) for r in rows):
+            line(ax, [r["build"].get(key) for r in rows], label, color, "--")
+    ax.set(xscale="log", yscale="log", ylabel="MiB", title="build peak memory")
+    ax = axes[0][2]
+    parts = sorted({k for r in rows for k in r["disk"]["parts_per_passage"]})
+    for i, part in enumerate(parts):
+        line(ax, [r["disk"]["parts_per_passage"].get(part, 0) / 1024 for r in rows], part, f"C{i % 10}")
+    line(ax, [r["disk"]["bytes_per_passage"] / 1024 for r in rows], "total", "black", "--")
+    ax.set(xscale="log", yscale="log", ylabel="KiB per passage", title="disk per passage by part")
+    ax = axes[0][3]
+    for key, color in (("rss", "black"), ("anon", "C0"), ("file", "C1")):
+        line(ax, [r["serving"]["rss_per_passage_bytes"][key] / 1024 for r in rows], f"VmRSS {key}" if key != "rss"
+             else "VmRSS", color)
+        above = [(r["serving"].get("rss_above_smallest_per_passage_bytes") or {}).get(key) for r in rows]
+        if any(v is not None and v > 0 for v in above):
+            line(ax, [None if v is None or v <= 0 else v / 1024 for v in above], f"{key}, above the smallest size",
+                 color, ":")
+    ax.set(xscale="log", yscale="log", ylabel="KiB per passage", title="serving RSS per passage (warm)")
+    ax = axes[1][0]
+    levels = sorted({c for r in rows for c in r["serving"]["levels"]}, key=int)
+    for i, c in enumerate(levels):
+        line(ax, [r["serving"]["levels"].get(c, {}).get("p50_ms") for r in rows], f"p50, {c} caller(s)", f"C{i}")
+        line(ax, [r["serving"]["levels"].get(c, {}).get("p99_ms") for r in rows], f"p99, {c} caller(s)", f"C{i}",
+             ":")
+    ax.set(xscale="log", yscale="log", ylabel="ms", title="Retrieve latency")
+    ax = axes[1][1]
+    c1 = levels[0] if levels else "1"
+    st = sorted({k for r in rows for k in r["serving"]["levels"].get(c1, {}).get("stage_ms", {})
+                 if not k.endswith("_queue")})
+    for i, k in enumerate(st):
+        line(ax, [r["serving"]["levels"].get(c1, {}).get("stage_ms", {}).get(k) for r in rows], k,
+             "black" if k == "total" else f"C{i % 10}", "--" if k == "total" else "-")
+    ax.set(xscale="log", yscale="log", ylabel="mean ms", title=f"stage split, {c1} caller(s)")
+    ax = axes[1][2]
+    line(ax, [r["recall"].get("recall") for r in rows], "dense recall@100 vs exact", "C2")
+    ax.set(xscale="log", ylabel="recall@100", title="dense stage against exact search")
+    ax.set_ylim(min(0.8, *[r["recall"].get("recall") or 1 for r in rows]) - 0.02, 1.005)
+    ax = axes[1][3]
+    line(ax, [r["serving"]["load_s"] for r in rows], "server start to SERVING", "C4")
+    ax.set(xscale="log", yscale="log", ylabel="seconds", title="server load time")
+    labels = [f"{n:,}" + ("\n(perturbed)" if s else "") for n, s in zip(ns, synthetic, strict=True)]
+    for ax in axes.flat:
+        ax.set_xticks(ns, labels, fontsize=7)
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_xlabel("passages")
+    fig.suptitle(title + " (open markers: synthesised vectors, cost only)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -272,6 +272,41 @@ def run_cli(args: list[str], log_dir: Path, name: str, timeout_s: float = 3600.0
     return round(time.perf_counter() - t, 2)
 
 
+def run_measured(cmd: list[str], log_dir: Path, name: str, timeout_s: float = 3600.0,
+                 env: Mapping[str, str] | None = None, sample_s: float = 0.2) -> dict[str, Any]:
+    """A command to completion in its own process, measured alone: its seconds, exit code, peak resident memory
+    (the child's own ``ru_maxrss`` from ``wait4``, not the largest of all children), the peaks of its anonymous
+    and file-backed resident memory sampled every ``sample_s`` (memory-mapped files count in RSS while their pages
+    are mapped, and the kernel may drop them; anonymous memory it cannot) and CPU seconds; fails with its log's
+    tail on a non-zero exit."""
+    from bench.harness.stats import proc_memory_mib
+
+    p = spawn(cmd, log_dir, name, env)
+    t = time.perf_counter()
+    deadline = time.monotonic() + timeout_s
+    peak = {"anon": 0.0, "file": 0.0}
+    while True:
+        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline:
+            p.proc.kill()
+            os.wait4(p.pid, 0)
+            raise RuntimeError(f"{name} took over {timeout_s:.0f} s:\n{p.log_tail()}")
+        mem = proc_memory_mib(p.pid)
+        for k in peak:
+            if mem[k] == mem[k]:  # not NaN (the process may be gone)
+                peak[k] = max(peak[k], mem[k])
+        time.sleep(sample_s)
+    p.proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = round(time.perf_counter() - t, 2)
+    if p.proc.returncode != 0:
+        raise RuntimeError(f"{name} exited with {p.proc.returncode}:\n{p.log_tail()}")
+    return {"seconds": seconds, "returncode": p.proc.returncode, "peak_rss_mib": round(usage.ru_maxrss / 1024.0, 1),
+            "peak_anon_mib": round(peak["anon"], 1), "peak_file_mib": round(peak["file"], 1),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "log": str(p.log_path)}
+
+
 @dataclass
 class Redis(Process):
     port: int = 0

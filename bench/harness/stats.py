@@ -127,6 +127,33 @@ def vm_rss_mib(field: str = "VmRSS", pid: int | str = "self") -> float:
     return float("nan")
 
 
+def proc_memory_mib(pid: int | str = "self") -> dict[str, float]:
+    """A process's memory from ``/proc/PID/status`` in MiB: ``rss`` (VmRSS), its parts ``anon`` (heap, arrays read
+    into memory), ``file`` (pages of mapped files: memory-mapped index parts, libraries; the kernel may drop them)
+    and ``shmem``, and ``hwm`` (the peak RSS so far). NaN where absent."""
+    fields = {"rss": "VmRSS", "anon": "RssAnon", "file": "RssFile", "shmem": "RssShmem", "hwm": "VmHWM"}
+    return {k: round(vm_rss_mib(f, pid), 1) for k, f in fields.items()}
+
+
+def mapped_files_mib(pid: int | str = "self", under: str = "") -> dict[str, float]:
+    """Resident MiB of each memory-mapped file of a process (``/proc/PID/smaps``), those under ``under`` only when
+    given: which files a process holds in memory through maps (index parts read where they lie)."""
+    out: dict[str, float] = {}
+    path = ""
+    try:
+        with open(f"/proc/{pid}/smaps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if not head.endswith(":"):  # a mapping's header line: address range, perms, offset, dev, inode, path
+                    parts = line.split(None, 5)
+                    path = parts[5].strip() if len(parts) == 6 else ""
+                elif head == "Rss:" and path.startswith(under or "/"):
+                    out[path] = out.get(path, 0.0) + int(line.split()[1]) / 1024.0
+    except OSError:
+        return {}
+    return {k: round(v, 1) for k, v in sorted(out.items()) if round(v, 1) > 0}
+
+
 class RssSampler:
     """The peak of ``VmRSS`` sampled every ``interval_s`` on a thread, between ``start()`` and ``stop()``."""
 

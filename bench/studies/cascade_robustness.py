@@ -50,7 +50,6 @@ from bench.harness import median, write_result
 from bench.harness.pipelines import opened, with_sections
 from index_builder.types import Hits
 from rerank.late_interaction import head_scores, rerank_head
-from rerank.maxsim import token_maxsims
 from retrieval.config import load_config
 from retrieval.evaluate import docs_to_run, judged_queries
 from retrieval.search.bm25 import BM25Retriever
@@ -121,7 +120,7 @@ def collect(pipeline: Pipeline, qs: QuerySet, *, with_ce: bool) -> None:
             continue
         tokens = pipeline.token_encoder.encode_queries([text])[0]
         head = res.hits.chunk[:LI_TOP_K]
-        per_token = token_maxsims(tokens, late.vectors, late.offsets, head, late.scales)  # [head, q]
+        per_token = late.token_maxsims(tokens, head)  # [head, q], on the index's own token store
         li, tokz = head_scores(per_token, "maxsim"), head_scores(per_token, "token_z")
         ce = None
         if with_ce:

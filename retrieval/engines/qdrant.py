@@ -60,7 +60,7 @@ from index_builder.models import Embedder
 from index_builder.snapshot import LoadedSnapshot, check_settings
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder
 from index_builder.types import Document, Hits
-from rerank.late_interaction import Reordering, rerank_head
+from rerank.late_interaction import LateInteractionReranker, Reordering, rerank_head
 from retrieval.engines.settings import EngineConfig
 from retrieval.errors import BackendUnavailable, InvalidRequest, PermissionDenied
 from retrieval.live.store import MAX_BATCH, WriteResult, check_deadline, validate_batch
@@ -269,7 +269,10 @@ class QdrantEngine:
             avgdl = float(np.mean([len(t) for t in terms])) if terms else 0.0
         k1, b = float(bm.get("k1", 1.5)), float(bm.get("b", 0.75))
         has_tokens = snap.token_vectors is not None and snap.token_offsets is not None
-        token_dim = int(snap.token_vectors.shape[1]) if snap.token_vectors is not None and has_tokens else None
+        token_dim = int((snap.manifest.get("models", {}).get("token_encoder") or {}).get("dim") or 0) or None
+        if has_tokens and token_dim is None:
+            assert snap.token_vectors is not None
+            token_dim = int(snap.token_vectors.shape[1])
         metadata = {"format": FORMAT, "generation": snap.generation, "source": str(snap.path),
                     "migrated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                     "avgdl": float(avgdl), "k1": k1, "b": b,
@@ -278,7 +281,13 @@ class QdrantEngine:
         self.create(int(snap.vectors.shape[1]), token_dim, metadata)
         batch = self.config.upload_batch
         n = len(snap.chunks)
-        offsets, scales = snap.token_offsets, snap.token_scales
+        stored = None
+        if has_tokens:
+            assert snap.token_vectors is not None and snap.token_offsets is not None
+            storage = str((man.get("models", {}).get("token_encoder") or {}).get("dtype", "int8"))
+            # a compact store goes in as the vectors its codes stand for (pooled: fewer of them), so the engine's
+            # MaxSim scores as the snapshot's stage does
+            stored = LateInteractionReranker(snap.token_vectors, snap.token_offsets, snap.token_scales, storage)
         chunk_doc = np.asarray(snap.chunks["doc"], dtype=np.int64)
         counts = np.bincount(chunk_doc, minlength=len(snap.documents))
         first = np.searchsorted(chunk_doc, np.arange(len(snap.documents)), side="left")
@@ -286,14 +295,8 @@ class QdrantEngine:
         for start in range(0, n, batch):
             rows = np.arange(start, min(n, start + batch))
             tokens = None
-            if has_tokens:
-                assert offsets is not None and snap.token_vectors is not None
-                tokens = []
-                for r in rows.tolist():
-                    block = np.asarray(snap.token_vectors[offsets[r]:offsets[r + 1]], dtype=np.float32)
-                    if scales is not None:
-                        block = block * np.asarray(scales[offsets[r]:offsets[r + 1]], dtype=np.float32)[:, None]
-                    tokens.append(block)
+            if stored is not None:
+                tokens = [stored.decoded(r) for r in rows.tolist()]
             pts = self.make_points(snap.documents, snap.chunks[rows], np.asarray(snap.vectors[rows]), tokens,
                                    analyzer, float(avgdl), k1, b, positions[rows[0]:rows[-1] + 1])
             self.client.upsert(self.name, pts, wait=True)

@@ -209,7 +209,7 @@ class Segment:
             return cls.deletion(deleted, dim, token_dim, storage)
         tok_len = np.concatenate(tok_lengths)
         tokens = TokenStore(np.concatenate(tok_vectors), np.concatenate([[0], np.cumsum(tok_len)]).astype(np.int64),
-                            np.concatenate(tok_scales) if tok_scales else None)
+                            np.concatenate(tok_scales) if tok_scales else None, storage)
         merged = {t: v[0] if len(v) == 1 else (np.concatenate([r for r, _ in v]), np.concatenate([f for _, f in v]))
                   for t, v in postings.items()}
         return cls(tuple(docs), np.concatenate(chunks), np.concatenate(vectors), tokens, merged,

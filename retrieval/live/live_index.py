@@ -65,7 +65,6 @@ from index_builder.models import Embedder, EmbedderConfig
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenEncoderConfig, TokenStore
 from index_builder.types import Document, Hits
 from rerank.late_interaction import LateInteractionReranker, Reordering, head_scores, rerank_head
-from rerank.maxsim import token_maxsims
 from retrieval.errors import InvalidRequest, Overloaded
 from retrieval.live.buffer import BufferState, Encoded, build_postings
 from retrieval.live.settings import LiveConfig  # noqa: F401  (re-exported: its section)
@@ -256,8 +255,12 @@ def buffer_sources(state: BufferState, identity: bytes) -> list[Source]:
             continue
         keys = chunk_keys(identity, chunk_passages(seg.docs, seg.chunks))
         t = seg.tokens
-        out.append(Source(f"buffer segment {i}", keys, seg.vectors, t.vectors, t.offsets, t.scales))
+        out.append(Source(f"buffer segment {i}", keys, seg.vectors, t.vectors, t.offsets, t.scales, t.storage))
     return out
+
+
+def _segment_late(tokens: TokenStore) -> LateInteractionReranker:
+    return LateInteractionReranker(tokens.vectors, tokens.offsets, tokens.scales, tokens.storage)
 
 
 class _LiveLate:
@@ -276,8 +279,7 @@ class _LiveLate:
         local = chunk - v.n_base_chunks
         offsets = np.asarray(st.chunk_offsets, np.int64)
         j = int(np.searchsorted(offsets, local, side="right") - 1)
-        return LateInteractionReranker(st.segments[j].tokens.vectors, st.segments[j].tokens.offsets,
-                                       st.segments[j].tokens.scales).token_sims(query_tokens, int(local - offsets[j]))
+        return _segment_late(st.segments[j].tokens).token_sims(query_tokens, int(local - offsets[j]))
 
     def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0,
                score: str = "maxsim") -> Reordering:
@@ -288,7 +290,7 @@ class _LiveLate:
         per_token = np.zeros((len(head), len(query_tokens)), dtype=np.float32)
         in_base = head < v.n_base_chunks
         if in_base.any():
-            per_token[in_base] = token_maxsims(query_tokens, late.vectors, late.offsets, head[in_base], late.scales)
+            per_token[in_base] = late.token_maxsims(query_tokens, head[in_base])
         buffered = np.flatnonzero(~in_base)
         if len(buffered):
             st = v.state
@@ -297,9 +299,8 @@ class _LiveLate:
             seg_of = np.searchsorted(offsets, local, side="right") - 1
             for j in np.unique(seg_of).tolist():
                 sel = seg_of == j
-                t = st.segments[j].tokens
-                per_token[buffered[sel]] = token_maxsims(query_tokens, t.vectors, t.offsets, local[sel] - offsets[j],
-                                                         t.scales)
+                per_token[buffered[sel]] = _segment_late(st.segments[j].tokens).token_maxsims(
+                    query_tokens, local[sel] - offsets[j])
         return rerank_head(head_scores(per_token, score), len(chunks), weight)
 
 
@@ -518,8 +519,10 @@ class LiveIndex:
             # Nothing is embedded again: the snapshot's chunks are found in it by key (build_snapshot reads it
             # itself), and every buffered write was embedded when it arrived (its segments are given here).
             build = self.config.build_config()
-            identity = identity_of(embedder, token_encoder if build.token_vectors else None,
-                                   build.token_encoder.storage)
+            # the base's token storage, which the write buffer shares (a change of [late_interaction] storage
+            # takes effect with an offline build: hybridrag build / index rebuild)
+            build = replace(build, token_encoder=replace(build.token_encoder, storage=self.storage))
+            identity = identity_of(embedder, token_encoder if build.token_vectors else None)
             summary = build_snapshot(docs, root, build, embedder, covered_seq=seq, token_encoder=token_encoder,
                                      reuse=buffer_sources(self.view.state, identity), total=len(docs))
             new_base = SearchIndex.load(root, self.config, self.embedder)

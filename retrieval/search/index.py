@@ -55,11 +55,12 @@ class SearchIndex:
         if snapshot.vectors is not None and snapshot.hnsw is not None:
             self.dense = DenseRetriever(snapshot.hnsw, snapshot.vectors, self.chunk_doc, self.starts, config.dense)
         self.filters = FilterIndex(self.documents, self.chunk_doc)
-        self.late: LateInteractionReranker | None = None
-        if snapshot.token_vectors is not None and snapshot.token_offsets is not None:
-            self.late = LateInteractionReranker(snapshot.token_vectors, snapshot.token_offsets, snapshot.token_scales)
         # Which model made the stored token vectors: late interaction serves only with a query encoder that matches.
         self.token_encoder: dict | None = snapshot.manifest.get("models", {}).get("token_encoder")
+        self.late: LateInteractionReranker | None = None
+        if snapshot.token_vectors is not None and snapshot.token_offsets is not None:
+            self.late = LateInteractionReranker(snapshot.token_vectors, snapshot.token_offsets, snapshot.token_scales,
+                                                str((self.token_encoder or {}).get("dtype", "int8")))
         self.doc_index = {d.id: i for i, d in enumerate(self.documents)}
 
     @classmethod

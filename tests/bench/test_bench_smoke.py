@@ -234,3 +234,16 @@ def test_gpu_run_script_names_real_steps():
         assert (REPO / (module.replace(".", "/") + ".py")).is_file(), module
     for config in set(re.findall(r"(bench/configs/[\w.-]+\.toml)", text)):
         assert (REPO / config).is_file(), config
+
+
+def test_build_bench_smoke(tmp_path):
+    from bench.build import main
+
+    out = tmp_path / "build.json"
+    assert main(["--corpus", str(SAMPLE), "--limit", "40", "--changed", "3", "--json", str(out)]) == 0
+    entry = read_result(out, "build")
+    enc, build, rebuild = entry["encoder"], entry["build"], entry["rebuild"]
+    assert enc["passages"] == build["chunks"] and build["embedded"] == build["chunks"] > 40
+    assert 0 < entry["build_over_encoder"] and build["peak_rss_mib"] > 0
+    assert 0 < rebuild["embedded"] < build["chunks"] / 4 and rebuild["reused"] > 0  # only the edited passages
+    assert 0 < entry["rebuild_over_build"]

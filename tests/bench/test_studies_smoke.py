@@ -87,3 +87,38 @@ def test_cascade_robustness_offline_figures_equal_the_served_ones(tmp_path, samp
     assert len(r["bm25_grid"]) == 25 and r["length_class_selection"]["chosen"]["policy"]["kind"] == "gate"
     served_bm25 = next(g for g in r["bm25_grid"] if (g["k1"], g["b"]) == (0.9, 0.4))  # the build's own k1/b
     assert served_bm25["bm25"]["sample"] == pytest.approx(stages["bm25"]["ndcg@10"], abs=6e-5)
+
+
+def test_token_codes_int8_row_is_what_an_int8_index_serves(tmp_path, int8_index_dir, sample_index_dir):
+    """bench.studies.token_codes scores each codec as the served cascade does; its int8 row (the plain store) must be
+    what `hybridrag eval` serves over the int8 index, every option gets bytes, nDCG and a timing, and an index
+    already stored compact (the default) is refused: its vectors cannot be coded again."""
+    from bench.studies.token_codes import main as token_codes
+    from hybridrag.cli import main as cli
+    from retrieval.evaluate import build_ood_set
+
+    build_ood_set(SAMPLE, "test", tmp_path / "docq")
+    out = tmp_path / "codes.json"
+    assert token_codes(["--set", f"sample:tune:{SAMPLE}:{int8_index_dir}:test",
+                        "--set", f"sample-docq:tune:{tmp_path / 'docq'}:{int8_index_dir}:test",
+                        "--set", f"sample-test:test:{SAMPLE}:{int8_index_dir}:test",
+                        "--options", "int4,bins,res2+k8,pool2+pca64+res1+k8", "--fit-passages", "60",
+                        "--rounds", "1", "--timing-queries", "5", "--json", str(out)]) == 0
+    r = read_result(out, "token_codes")
+    served = tmp_path / "served.json"
+    assert cli(["eval", "--dataset", str(SAMPLE), "--index", str(int8_index_dir), "--rerank", "late_interaction",
+                "--json", str(served), "--quiet"]) == 0
+    stages = json.loads(served.read_text())["stages"]
+    assert r["sets"]["sample-test"]["int8"] == pytest.approx(stages["late_interaction"]["ndcg@10"], abs=6e-5)
+    assert r["sets"]["sample-test"]["fused"] == pytest.approx(stages["fused"]["ndcg@10"], abs=6e-5)
+    rows = {row["option"]: row for row in r["rows"]}
+    assert set(rows) == {"int8", "int4", "bins", "res2+k8", "pool2+pca64+res1+k8"}
+    assert rows["int8"]["bytes_per_token"] == 388 and rows["pool2+pca64+res1+k8"]["bytes_per_token"] == 9
+    assert all(0 < v <= 1 for row in rows.values() for v in row["ndcg"].values())
+    timing = next(iter(r["maxsim_timing"].values()))["rows"]
+    assert set(timing) == set(rows) | {"int8 (served path)"} and all(t["p50_ms"] > 0 for t in timing.values())
+    assert next(iter(r["indexes"].values()))["int8_recoded_identical"] is True
+    assert r["chosen"] is None or r["chosen"]["option"] in rows
+    with pytest.raises(SystemExit, match="stores its token vectors as pool3"):
+        token_codes(["--set", f"sample:tune:{SAMPLE}:{sample_index_dir}:test", "--options", "int4",
+                     "--json", str(tmp_path / "refused.json")])

@@ -129,7 +129,7 @@ def test_a_full_disk_fails_naming_the_file_and_current_keeps_serving(tmp_path, c
     changed.write_text("".join(json.dumps({"_id": d.id, "title": d.title, "text": d.text, "tenant": d.tenant,
                                            "metadata": d.metadata}) + "\n" for d in _changed(docs)))
     r = subprocess.run(_build_cmd(root, changed), cwd=REPO, env=_env(),
-                       capture_output=True, text=True, timeout=600, preexec_fn=_limit_file_size(4 * 2**20))
+                       capture_output=True, text=True, timeout=600, preexec_fn=_limit_file_size(2**18))  # 256 KiB
     assert r.returncode != 0
     assert "File too large" in r.stderr and str(root) in r.stderr and "CURRENT still points at" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr

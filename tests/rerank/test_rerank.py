@@ -65,7 +65,7 @@ def test_li_weight_blends_maxsim_with_the_fused_order(sample_index, embedder, co
     assert orders[1.0][:30] != orders[0.0] and orders[0.5][:30] not in (orders[0.0], orders[1.0][:30])
     late = sample_index.late
     tokens = EmbedderTokens(embedder).encode_queries([query])[0]  # the default token encoder
-    pure = maxsim_batch(tokens, late.vectors, late.offsets, fused.chunk[:top], late.scales)
+    pure = late.scores(tokens, fused.chunk[:top])  # MaxSim on the index's own store (compact by default)
     for w in (0.5, 1.0):
         expected = fused.doc[:top][np.argsort(-blend_with_prior(pure, w), kind="stable")].tolist()
         assert orders[w][:top] == expected and orders[w][top:] == fused.doc[top:].tolist()
@@ -149,8 +149,7 @@ def test_token_standardised_scores_serve_the_order_they_compute(sample_index, em
     fused, top = res.stages["fused"], config.rerank.li_top_k
     late = sample_index.late
     tokens = EmbedderTokens(embedder).encode_queries([query])[0]
-    per_token = np.stack([[max(float(t @ v) for v in late.vectors[late.offsets[c]:late.offsets[c + 1]].astype(np.float32)
-                                                 * late.scales[late.offsets[c]:late.offsets[c + 1], None])
+    per_token = np.stack([[max(float(t @ v) for v in late.decoded(int(c)))  # the vectors the stored codes stand for
                            for t in tokens] for c in fused.chunk[:top]])
     z = ((per_token - per_token.mean(axis=0)) / (per_token.std(axis=0) + 1e-6)).mean(axis=1)
     assert res.stages["late_interaction"].doc[:top].tolist() == fused.doc[:top][np.argsort(-z, kind="stable")].tolist()

@@ -100,14 +100,23 @@ QUERY = "How do honeybees tell the hive where the nectar is?"
 
 
 @pytest.mark.skipif(not CE_MODEL.is_dir(), reason="../shared/models/ce-minilm-l6-beir-train is absent")
-def test_cross_encoder_windows_are_the_best_maxsim_span_of_each_passage(sample_index, embedder, config):
+def test_cross_encoder_windows_are_the_best_maxsim_span_of_each_passage(int8_index, sample_index, embedder, config):
+    """Windows need token positions: an index storing every token (int8) places them; over the default pooled
+    store the whole passages are scored."""
     from rerank.windows import best_window
 
-    p = _cascade(sample_index, embedder, config, ce_window_tokens=12)
+    tokens = embedder.encode([QUERY], with_tokens=True).token_vectors[0].astype(np.float32)
+    pooled = _cascade(sample_index, embedder, config, ce_window_tokens=12)
+    try:
+        chunks = pooled.search(QUERY, k=10, stages=FULL, ce_top_k=3).stages["late_interaction"].chunk[:3]
+        assert pooled.ce_stage.passages(pooled.index, chunks, tokens, 12) == \
+            [pooled.index.passage_with_title(int(c)) for c in chunks]
+    finally:
+        pooled.close()
+    p = _cascade(int8_index, embedder, config, ce_window_tokens=12)
     try:
         res = p.search(QUERY, k=10, stages=FULL, ce_top_k=3)
         chunks = res.stages["late_interaction"].chunk[:3]
-        tokens = embedder.encode([QUERY], with_tokens=True).token_vectors[0].astype(np.float32)
         windows = p.ce_stage.passages(p.index, chunks, tokens, 12)
         for c, w in zip(chunks.tolist(), windows, strict=True):
             whole = p.index.passage_with_title(c)

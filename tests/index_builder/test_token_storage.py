@@ -1,0 +1,92 @@
+"""The compact token store in the build and the served stage (issue 41, ask 2): a snapshot stored as a codec
+(``[late_interaction] storage``, e.g. ``pool3+bins``) is a fraction of the int8 one, its late interaction scores
+on the codes what the codec computes, an int8 snapshot is re-stored in the compact form with no model call, a
+compact one cannot be turned back (its chunks are embedded again), and a bad storage is refused naming it. Real
+model, real sample corpus."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import pytest
+
+from index_builder.build import build_snapshot
+from index_builder.settings import TokenEncoderConfig
+from index_builder.snapshot import load_snapshot
+from rerank.late_interaction import LateInteractionReranker
+from rerank.token_codes import CodecSpec, TokenCodec, TokenCodes
+from retrieval.search.index import SearchIndex
+
+
+def _with_storage(config, storage: str):
+    build = config.build_config()
+    return dataclasses.replace(build, token_encoder=dataclasses.replace(build.token_encoder, storage=storage))
+
+
+def _tokens_bytes(root) -> int:
+    snap = load_snapshot(root, checksums=False)
+    return int(snap.token_vectors.nbytes + (0 if snap.token_scales is None else snap.token_scales.nbytes))
+
+
+def test_a_compact_build_is_smaller_and_scores_on_its_codes(tmp_path, config, embedder, sample_docs):
+    int8 = build_snapshot(sample_docs, tmp_path / "int8", _with_storage(config, "int8"), embedder)
+    compact = build_snapshot(sample_docs, tmp_path / "compact", _with_storage(config, "pool3+bins"), embedder)
+    assert compact.embedded == int8.embedded == int8.chunks  # a build of its own: nothing to reuse
+    a, b = _tokens_bytes(tmp_path / "int8"), _tokens_bytes(tmp_path / "compact")
+    assert b < a / 20  # 50 bytes per pooled vector, a third as many vectors, against 388 per token
+    snap = load_snapshot(tmp_path / "compact")
+    assert snap.manifest["models"]["token_encoder"]["dtype"] == "pool3+bins"
+    assert snap.token_vectors.dtype == np.uint8 and snap.token_scales.dtype == np.float16
+    # each chunk keeps about a third of its tokens (at least one)
+    n_int8 = np.diff(load_snapshot(tmp_path / "int8", checksums=False).token_offsets)
+    n_compact = np.diff(snap.token_offsets)
+    assert np.array_equal(n_compact, np.maximum(n_int8 // 3, 1))
+
+    index = SearchIndex(snap, config)
+    assert isinstance(index.late, LateInteractionReranker) and index.late.pooled
+    codec = TokenCodec(CodecSpec.parse("pool3+bins"), 384)
+    codes = TokenCodes(snap.token_vectors, snap.token_offsets, snap.token_scales)
+    query = embedder.encode(["how do bees find flowers"], with_tokens=True).token_vectors[0]
+    head = np.arange(20)
+    np.testing.assert_array_equal(index.late.scores(query, head), codec.maxsim(query, codes, head))
+    assert index.late.token_sims(query, 0) is None  # pooled: no windows for the cross-encoder
+    # the codes stand for unit-ish vectors near the int8 store's pooled ones: MaxSim correlates with int8's
+    full = SearchIndex(load_snapshot(tmp_path / "int8"), config).late
+    corr = np.corrcoef(full.scores(query, np.arange(100)), index.late.scores(query, np.arange(100)))[0, 1]
+    assert corr > 0.8, corr
+
+
+def test_an_int8_index_is_restored_compact_without_the_model_and_not_back(tmp_path, config, embedder,
+                                                                           sample_docs, caplog):
+    root = tmp_path / "idx"
+    build_snapshot(sample_docs, root, _with_storage(config, "int8"), embedder)
+    int8 = load_snapshot(root, checksums=False)
+    moved = build_snapshot(sample_docs, root, _with_storage(config, "pool3+bins"), embedder)
+    assert moved.embedded == 0 and moved.timings.get("restore", 0) > 0  # re-stored from the int8 rows
+    snap = load_snapshot(root)
+    assert snap.manifest["models"]["token_encoder"]["dtype"] == "pool3+bins"
+    # what the re-store made: each chunk's int8 vectors decoded, pooled and coded
+    codec = TokenCodec(CodecSpec.parse("pool3+bins"), 384)
+    for c in (0, 17, len(int8.chunks) - 1):
+        lo, hi = int8.token_offsets[c], int8.token_offsets[c + 1]
+        floats = np.asarray(int8.token_vectors[lo:hi], np.float32) * int8.token_scales[lo:hi, None]
+        want = codec.encode_passages(floats, np.array([0, len(floats)]))
+        a, b = snap.token_offsets[c], snap.token_offsets[c + 1]
+        assert np.array_equal(snap.token_vectors[a:b], want.codes)
+        assert np.array_equal(snap.token_scales[a:b], want.scales)
+    np.testing.assert_array_equal(snap.vectors, int8.vectors)  # the dense side copied as it was
+    # a rebuild in the same storage reuses every chunk; one in int8 cannot decode the codes: it embeds again
+    assert build_snapshot(sample_docs, root, _with_storage(config, "pool3+bins"), embedder).embedded == 0
+    with caplog.at_level(logging.WARNING, logger="index_builder.build"):
+        back = build_snapshot(sample_docs, root, _with_storage(config, "int8"), embedder)
+    assert back.embedded == back.chunks and "cannot be re-stored as int8" in caplog.text
+
+
+@pytest.mark.parametrize("storage, problem", [("pca64+int8", "needs a codec fitted"), ("res2", "needs a codec"),
+                                             ("pool3+bits", "unknown codec step 'bits'"), ("int9", "unknown")])
+def test_a_storage_the_build_cannot_make_is_refused_naming_it(storage, problem):
+    with pytest.raises(ValueError, match="late_interaction.storage") as e:
+        TokenEncoderConfig(storage=storage)
+    assert problem in str(e.value) and storage in str(e.value)

@@ -1,0 +1,250 @@
+"""Token-store codecs (rerank/token_codes.py) on the sample index's real token vectors and real query tokens:
+round-trip error bounds, exactness where the code is lossless, MaxSim on the codes equal to MaxSim on the decoded
+vectors, today's int8 store reproduced bit for bit, saving and loading, pooling."""
+
+import numpy as np
+import pytest
+
+from index_builder.token_encoders import EmbedderTokens
+from rerank.late_interaction import LateInteractionReranker
+from rerank.maxsim import token_maxsims
+from rerank.token_codes import (
+    QUANTS,
+    CodecSpec,
+    TokenCodec,
+    TokenCodes,
+    pool_passage,
+    pool_tokens,
+)
+
+SPECS = ["int8", "int4", "bin", "bins", "res1+k1", "res2+k1", "res1+k32", "res2+k32", "pca96+int8", "pca64+int4",
+         "pca128+bin", "pca64+res2+k16", "pool2+int8", "colpool2+int8", "pool3+res2+k1", "pool2+pca96+res1+k16"]
+QUERIES = ["which planet has the largest volcano", "how do bees share where flowers are",
+           "who settles disputes between neighbours", "what makes bread rise"]
+
+
+@pytest.fixture(scope="module")
+def store(int8_index):
+    """The sample index's token vectors stored as int8: (int8 [T, d], float32 scales [T], offsets [n + 1], float32
+    [T, d])."""
+    late = int8_index.late
+    assert late is not None and late.scales is not None
+    vectors, scales, offsets = np.asarray(late.vectors), np.asarray(late.scales), np.asarray(late.offsets)
+    return vectors, scales, offsets, vectors.astype(np.float32) * scales[:, None]
+
+
+@pytest.fixture(scope="module")
+def queries(embedder):
+    return EmbedderTokens(embedder).encode_queries(QUERIES)
+
+
+@pytest.fixture(scope="module")
+def codecs(store):
+    _, _, offsets, floats = store
+    out = {}
+    for spec in SPECS:
+        codec = TokenCodec.fit(spec, floats, offsets, seed=0)
+        out[spec] = (codec, codec.encode_passages(floats, offsets))
+    return out
+
+
+def heads(offsets, n=4, size=12, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.choice(len(offsets) - 1, size, replace=False) for _ in range(n)]
+
+
+def test_spec_round_trips_and_refuses_nonsense():
+    for text in SPECS:
+        spec = CodecSpec.parse(text)
+        assert CodecSpec.parse(str(spec)) == spec
+    assert CodecSpec.parse("res1").centroids == 1024 and CodecSpec.parse("int8").centroids == 0
+    for bad in ("int3", "pca", "int8+k4", "pool0+int8", "res2+fast"):
+        with pytest.raises(ValueError):
+            CodecSpec.parse(bad)
+    assert set(QUANTS) == {"int8", "int4", "bin", "bins", "res1", "res2"}
+
+
+def test_int8_codec_is_todays_store_exactly(store, queries):
+    """Re-coding the decoded stored vectors gives the stored codes and scales back, and MaxSim is bit-identical
+    to rerank.maxsim.token_maxsims (what serves today)."""
+    vectors, scales, offsets, floats = store
+    codec = TokenCodec.fit("int8", floats[:100])
+    codes = codec.encode_passages(floats, offsets)
+    assert np.array_equal(codes.codes, vectors) and np.array_equal(codes.scales, scales)
+    assert np.array_equal(codes.offsets, offsets) and codes.ids is None
+    stored = TokenCodes(vectors, offsets, scales)
+    for q in queries:
+        for head in heads(offsets):
+            assert np.array_equal(codec.token_maxsims(q, stored, head), token_maxsims(q, vectors, offsets, head, scales))
+    assert codec.bytes_per_token == 388 and codec.params_nbytes == 0
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_maxsim_on_codes_equals_maxsim_on_decoded_vectors(codecs, queries, spec):
+    codec, codes = codecs[spec]
+    decoded = codec.decode(codes)
+    assert decoded.shape == (codes.tokens, codec.dim) and decoded.dtype == np.float32
+    for q in queries:
+        for head in heads(codes.offsets):
+            on_codes = codec.token_maxsims(q, codes, head)
+            on_decoded = token_maxsims(q, decoded, codes.offsets, head)
+            np.testing.assert_allclose(on_codes, on_decoded, atol=2e-5, rtol=1e-5)
+            np.testing.assert_allclose(codec.maxsim(q, codes, head), on_decoded.sum(axis=1), atol=5e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_bytes_per_token_is_what_the_arrays_hold(codecs, spec):
+    codec, codes = codecs[spec]
+    per_token = sum(a.nbytes for a in (codes.codes, codes.scales, codes.ids) if a is not None) / codes.tokens
+    assert per_token == codec.bytes_per_token
+    assert codes.codes.dtype == (np.int8 if codec.spec.quant == "int8" else np.uint8)
+
+
+def test_round_trip_error_bounds(codecs, store):
+    _, _, offsets, floats = store
+    # int8: half a step per element
+    codec, codes = codecs["int8"]
+    assert (np.abs(codec.decode(codes) - floats) <= 0.5 * codes.scales[:, None] + 1e-6).all()
+    # int4: half a step (float16 scale: a hair more)
+    codec, codes = codecs["int4"]
+    s = codes.scales.astype(np.float32)[:, None]
+    assert (np.abs(codec.decode(codes) - floats) <= 0.51 * s + 1e-6).all()
+    # bin: the signs exactly; bins: the signs times mean |x|
+    codec, codes = codecs["bin"]
+    assert np.array_equal(codec.decode(codes), np.where(floats > 0, 1.0, -1.0).astype(np.float32))
+    codec, codes = codecs["bins"]
+    expect = np.where(floats > 0, 1.0, -1.0) * np.abs(floats).mean(axis=1, keepdims=True)
+    np.testing.assert_allclose(codec.decode(codes), expect, rtol=2e-3, atol=1e-6)
+    # residual codes: inside the grid, half a step per element; the cosine to the original rises with bits and k
+    cos = {}
+    for spec in ("res1+k1", "res2+k1", "res1+k32", "res2+k32"):
+        codec, codes = codecs[spec]
+        decoded = codec.decode(codes)
+        ids = np.zeros(len(floats), int) if codes.ids is None else codes.ids.astype(int)
+        resid = floats - codec.centroids[ids]
+        levels = 2 ** int(spec[3])
+        inside = (resid >= codec.low - codec.step / 2) & (resid <= codec.low + (levels - 0.5) * codec.step)
+        err = np.abs(decoded - floats)
+        assert inside.mean() > 0.8 and (err[inside] <= np.broadcast_to(codec.step / 2, err.shape)[inside] + 1e-5).all()
+        cos[spec] = float(((decoded * floats).sum(1) / np.linalg.norm(decoded, axis=1)).mean())
+    assert cos["res1+k1"] < cos["res2+k1"] and cos["res1+k1"] < cos["res1+k32"] < cos["res2+k32"]
+    assert cos["res2+k32"] > 0.9
+
+
+def test_a_full_rank_projection_is_a_rotation(store):
+    """PCA to every dim loses nothing but the quantiser's rounding."""
+    _, _, offsets, floats = store
+    codec = TokenCodec.fit(f"pca{floats.shape[1]}+int8", floats)
+    np.testing.assert_allclose(codec.projection @ codec.projection.T, np.eye(floats.shape[1]), atol=1e-4)
+    codes = codec.encode_passages(floats, offsets)
+    err = np.abs(codec.decode(codes) - floats).max()
+    assert err < 0.01
+    ranked = TokenCodec.fit("pca64+int8", floats)
+    coded = ranked.encode(floats)
+    assert np.abs(ranked.decode(coded) - floats).mean() > np.abs(codec.decode(codes) - floats).mean()
+
+
+def test_pooling_keeps_a_factor_of_the_tokens_as_unit_rows(store):
+    _, _, offsets, floats = store
+    lengths = np.diff(offsets)
+    for factor, method in ((1, "ward"), (2, "ward"), (3, "ward"), (2, "colbert")):
+        pooled, new = pool_tokens(floats, offsets, factor, method)
+        counts = np.diff(new)
+        if factor == 1:
+            assert np.array_equal(pooled, floats) and np.array_equal(new, offsets)
+            continue
+        assert (counts <= np.maximum(lengths // factor, 1)).all() and (counts >= 1).all()
+        assert counts.sum() >= 0.95 * np.maximum(lengths // factor, 1).sum()  # maxclust rarely falls short
+        np.testing.assert_allclose(np.linalg.norm(pooled, axis=1), 1.0, atol=1e-5)
+    # duplicates merge exactly; a passage of one token is kept
+    v = floats[offsets[0]:offsets[0] + 4]
+    doubled = np.repeat(v, 2, axis=0)
+    np.testing.assert_allclose(pool_passage(doubled, 2), v / np.linalg.norm(v, axis=1, keepdims=True), atol=1e-6)
+    np.testing.assert_allclose(pool_passage(v[:1], 3), v[:1])
+
+
+def test_pooled_store_scores_close_to_the_full_one(codecs, store, queries):
+    """Pool factor 2 keeps MaxSim close: each query token's best match loses at most what its cluster averaged."""
+    vectors, scales, offsets, _ = store
+    codec, codes = codecs["pool2+int8"]
+    for q in queries:
+        for head in heads(offsets):
+            full = token_maxsims(q, vectors, offsets, head, scales)
+            pooled = codec.token_maxsims(q, codes, head)
+            assert np.abs(pooled - full).mean() < 0.03
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4", "bins", "res2+k32", "pool2+pca96+res1+k16"])
+def test_saved_and_loaded_as_npy_files_scores_the_same(codecs, queries, tmp_path, spec):
+    codec, codes = codecs[spec]
+    for name, a in {**codec.to_arrays(), **codes.to_arrays()}.items():
+        np.save(tmp_path / f"{name}.npy", a, allow_pickle=False)
+    arrays = {p.stem: np.load(p, allow_pickle=False, mmap_mode="r") for p in tmp_path.glob("*.npy")}
+    codec2, codes2 = TokenCodec.from_arrays(arrays), TokenCodes.from_arrays(arrays)
+    assert codec2.spec == codec.spec and codec2.describe() == codec.describe()
+    for q in queries:
+        for head in heads(codes.offsets):
+            assert np.array_equal(codec2.token_maxsims(q, codes2, head), codec.token_maxsims(q, codes, head))
+
+
+@pytest.mark.parametrize("spec", ["int4", "bin", "res2+k32", "pool2+int8"])
+def test_a_store_coded_in_blocks_equals_one_coded_at_once(codecs, store, spec):
+    _, _, offsets, floats = store
+    codec, whole = codecs[spec]
+    cut = len(offsets) // 3
+    parts = [codec.encode_passages(floats, offsets[:cut + 1]), codec.encode_passages(floats, offsets[cut:])]
+    joined = TokenCodes.concat(parts)
+    for name in ("codes", "offsets", "scales", "ids"):
+        a, b = getattr(joined, name), getattr(whole, name)
+        assert (a is None and b is None) or np.array_equal(a, b), name
+
+
+def test_empty_passages_and_heads(codecs, queries):
+    codec, _ = codecs["res2+k32"]
+    q = queries[0]
+    codes = TokenCodes.concat([codec.encode(np.zeros((0, codec.dim), np.float32)),
+                               codec.encode(q[:3]), codec.encode(np.zeros((0, codec.dim), np.float32))])
+    out = codec.token_maxsims(q, codes, np.array([0, 1, 2]))
+    assert out.shape == (3, len(q)) and (out[[0, 2]] == 0).all() and (out[1] != 0).any()
+    assert codec.token_maxsims(q, codes, np.array([], dtype=np.int64)).shape == (0, len(q))
+    assert codec.token_maxsims(q, codes, np.array([0, 2])).tolist() == np.zeros((2, len(q))).tolist()
+
+
+def test_the_served_reranker_scores_a_compact_store_on_its_codes(store, queries):
+    """LateInteractionReranker over a stored codec (what a snapshot with storage ``bins`` or ``pool3+bins`` serves):
+    the codec's own MaxSim on the codes, its windows' similarities where the store keeps token positions, none where
+    tokens were pooled; ``int8`` stays today's path exactly."""
+    vectors, scales, offsets, floats = store
+    today = LateInteractionReranker(vectors, offsets, scales)
+    assert today.codec is None and not today.pooled
+    for storage in ("bins", "pool3+bins", "pool2+int4"):
+        codec = TokenCodec.fit(storage, floats[:10])
+        codes = codec.encode_passages(floats, offsets)
+        late = LateInteractionReranker(codes.codes, codes.offsets, codes.scales, storage)
+        assert late.codec is not None and late.codec.dim == floats.shape[1]
+        for q in queries:
+            chunks = heads(codes.offsets, n=1, size=30)[0]
+            r = late.rerank(q, chunks, 20)
+            expect = np.argsort(-codec.maxsim(q, codes, chunks[:20]), kind="stable")
+            assert np.array_equal(r.order[:20], expect) and np.array_equal(r.order[20:], np.arange(20, 30))
+            sims = late.token_sims(q, int(chunks[0]))
+            if storage == "bins":
+                lo, hi = codes.offsets[chunks[0]], codes.offsets[chunks[0] + 1]
+                np.testing.assert_allclose(sims, codec.decode(codes, np.arange(lo, hi)) @ q.T, atol=1e-4)
+            else:
+                assert sims is None  # pooled: no token positions to place a window on
+
+
+def test_a_codec_reuses_another_ones_projection_and_centroids(codecs, store, queries):
+    """res1 over res2's k-means (one k-means for both at build): the same centroids, its own residual grid."""
+    _, _, offsets, floats = store
+    res2, _ = codecs["pool2+pca96+res1+k16"]
+    res1 = TokenCodec.fit("pool2+pca96+res2+k16", floats, offsets, reuse=res2)
+    assert res1.centroids is res2.centroids and res1.projection is res2.projection
+    assert not np.array_equal(res1.step, res2.step)
+    codes = res1.encode_passages(floats, offsets)
+    head = heads(codes.offsets, n=1)[0]
+    np.testing.assert_allclose(res1.token_maxsims(queries[0], codes, head),
+                               token_maxsims(queries[0], res1.decode(codes), codes.offsets, head), atol=2e-5)
+    other = TokenCodec.fit("pca64+int8", floats, reuse=res2)  # another projection: fitted afresh
+    assert other.projection.shape == (64, floats.shape[1])
