@@ -172,16 +172,18 @@ def _documents(corpus: str, build_snapshot: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def run_build(corpus: Path, out: Path, mode: str, args: argparse.Namespace, vectors: list[Path],
-              log_dir: Path) -> dict[str, Any]:
-    """One build in a child process, measured alone (its seconds, peak RSS, CPU) with the child's own report."""
-    if out.exists():
+              log_dir: Path, *, fresh: bool = True) -> dict[str, Any]:
+    """One build in a child process, measured alone (its seconds, peak RSS, CPU) with the child's own report;
+    ``fresh=False`` builds into ``out`` as it is (a rebuild: what its snapshot holds is reused)."""
+    if fresh and out.exists():
         shutil.rmtree(out)
     spec = {"corpus": str(corpus), "out": str(out), "mode": mode, "config": str(args.config or ""),
             "vectors": [str(v) for v in vectors], "sigma": args.sigma, "seed": args.seed,
             "result": str(log_dir / f"build-{out.name}.json")}
     spec_path = log_dir / f"build-{out.name}-spec.json"
     spec_path.write_text(json.dumps(spec))
-    print(f"  building {out.name} ({mode} vectors) from {corpus.name}...", file=sys.stderr)
+    print(f"  {'building' if fresh else 'rebuilding'} {out.name} ({mode} vectors) from {corpus.name}...",
+          file=sys.stderr)
     proc = run_measured([sys.executable, "-m", "bench.scale", "child-build", str(spec_path)], log_dir,
                         f"build-{out.name}", timeout_s=args.build_timeout)
     child = json.loads(Path(spec["result"]).read_text())
@@ -346,8 +348,32 @@ def measure_size(size: int, args: argparse.Namespace, queries: list[tuple[str, s
     out["recall"] = measure_recall(index, queries[:args.recall_queries], args.config)
     print(f"  serving RSS warm {m['rss']} MiB (anon {m['anon']}, file {m['file']}); dense recall@100 "
           f"{out['recall'].get('recall')}", file=sys.stderr)
+    if args.rebuild_writes:
+        out["rebuild"] = measure_rebuild(corpus, index, args, log_dir)
     if not args.keep_indexes:
         shutil.rmtree(index, ignore_errors=True)
+    return out
+
+
+def measure_rebuild(corpus: Path, index: Path, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """``--rebuild-writes N``: N documents of the corpus edited (a sentence appended, as a user's edit), then the
+    product's build run again into the same index: only the edited passages are embedded (``cached`` vectors:
+    the real model on every miss), the rest reused from the snapshot by chunk key; the index structures rebuilt."""
+    edited = log_dir / f"edited-{index.name}.jsonl"
+    nonce = time.time_ns()  # a text no earlier run recorded: the edits are embedded by the model, not the cache
+    n = 0
+    with open(corpus) as src, open(edited, "w") as dst:
+        for line in src:
+            if n < args.rebuild_writes:
+                row = json.loads(line)
+                row["text"] += f" Edited for the rebuild bench, revision {nonce}."
+                line = json.dumps(row) + "\n"
+            n += 1
+            dst.write(line)
+    out = run_build(edited, index, "cached", args, [Path(args.vectors_dir) / "debian"], log_dir, fresh=False)
+    out["writes"] = min(args.rebuild_writes, n)
+    print(f"  rebuilt after {out['writes']} writes in {out['wall_s']} s: {out.get('embedded')} passages embedded, "
+          f"{out.get('reused')} reused; {out['timings']}", file=sys.stderr)
     return out
 
 
@@ -374,6 +400,11 @@ def derive(sizes: dict[int, dict[str, Any]]) -> None:
         if rate and v["mode"] != "model":
             e["build"]["embed_projected_s"] = round(v["word_pieces"] / rate, 1)
             e["build"]["embed_projected_rate"] = rate
+        if "rebuild" in e:  # against the full build; a build that did not run the model, with its model time added
+            full = e["build"]["wall_s"] + (e["build"].get("embed_projected_s") or 0.0)
+            e["rebuild"]["over_full_build"] = ratio(e["rebuild"]["wall_s"], full)
+            e["rebuild"]["full_build_s"] = round(full, 1)
+            e["rebuild"]["full_build_projected"] = bool(e["build"].get("embed_projected_s"))
 
 
 # ---------------------------------------------------------------------------------------------- quality
@@ -483,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--server-timeout", type=float, default=900.0)
     ap.add_argument("--build-timeout", type=float, default=48 * 3600.0)
     ap.add_argument("--keep-indexes", action="store_true")
+    ap.add_argument("--rebuild-writes", type=int, default=0,
+                    help="per size, then edit this many documents and time the rebuild (only they are embedded)")
     ap.add_argument("--force", action="store_true", help="build a size even when projected not to fit")
     ap.add_argument("--quality", action="store_true", help="the quality run (SciFact + distractors) instead")
     ap.add_argument("--distractors", type=int, default=100_000)
@@ -504,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="scale-", dir=args.work))
     config = {k: getattr(args, k) for k in ("sizes", "vectors", "model_up_to", "sigma", "seed", "config", "dataset",
                                             "split", "limit", "concurrency", "duration", "warmup_queries",
-                                            "recall_queries")}
+                                            "recall_queries", "rebuild_writes")}
     try:
         if args.quality:
             config = {"quality": True, "distractors": args.distractors, "dataset": args.dataset, "split": args.split,
@@ -529,8 +562,9 @@ def main(argv: list[str] | None = None) -> int:
             entry = measure_size(size, args, queries, log_dir, {**measured, **{int(n): e for n, e in
                                                                               result["sizes"].items()}})
             result["sizes"][str(size)] = entry
-        derive({int(n): e for n, e in result["sizes"].items()})
-        write_result(args.json, "scale", config, result)
+            derive({int(n): e for n, e in result["sizes"].items()})
+            result["complete"] = size == sizes[-1]
+            write_result(args.json, "scale", config, result)  # after each size: a long run killed keeps its sizes
         if args.plots and plotting.available():
             path = Path(args.plots) / f"scale-{code.replace('+', '-')}.png"
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -221,8 +221,8 @@ def pool_passage(vectors: np.ndarray, factor: int, method: str = "ward") -> np.n
     from scipy.cluster.hierarchy import fcluster, linkage
     from scipy.spatial.distance import squareform
 
-    unit = (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)).astype(np.float64)
-    gram = unit @ unit.T
+    unit32 = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    gram = (unit32 @ unit32.T).astype(np.float64)  # float32 GEMM (~14x faster than float64 here), float64 after
     if method == "ward":  # Euclidean distances between unit vectors, from one product: sqrt(2 - 2 cos)
         dist = np.sqrt(np.maximum(2.0 - 2.0 * gram, 0.0))
     else:  # the rows of 1 - cos taken as observations, as Stanford ColBERT does
@@ -236,9 +236,10 @@ def pool_passage(vectors: np.ndarray, factor: int, method: str = "ward") -> np.n
     order = np.argsort(first, kind="stable")  # clusters in order of their first token
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    member = np.zeros((len(order), t), np.float64)
-    member[rank[inverse.ravel()], np.arange(t)] = 1.0
-    sums = member @ unit
+    cluster = rank[inverse.ravel()]
+    members = np.argsort(cluster, kind="stable")  # tokens grouped by cluster, in token order within each
+    starts = np.searchsorted(cluster[members], np.arange(len(order)))
+    sums = np.add.reduceat(unit32[members].astype(np.float64), starts, axis=0)
     return (sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
 

@@ -91,7 +91,7 @@ def test_scale_bench_smoke(corpus_dir, tmp_path):  # ~11 s: two builds in child 
     assert main(["--corpus-dir", str(corpus_dir), "--work", str(tmp_path / "work"), "--sizes", "40,120",
                  "--model-up-to", "40", "--dataset", str(SAMPLE), "--limit", "8", "--concurrency", "1,2",
                  "--duration", "0.5", "--warmup", "0.2", "--warmup-queries", "3", "--recall-queries", "5",
-                 "--json", str(out), "--plots", str(plots)]) == 0
+                 "--rebuild-writes", "4", "--json", str(out), "--plots", str(plots)]) == 0
     entry = read_result(out, "scale")
     real, synth = entry["sizes"]["40"], entry["sizes"]["120"]
     assert real["vectors_mode"] == "model" and real["quality_valid"] and real["build"]["vectors"]["model"] == 40
@@ -109,6 +109,11 @@ def test_scale_bench_smoke(corpus_dir, tmp_path):  # ~11 s: two builds in child 
             assert {"bm25", "dense", "total"} <= set(s["levels"][level]["stage_ms"])
         assert 0 <= e["recall"]["recall"] <= 1 and e["recall"]["queries"] == 5
     assert "rss_above_smallest_per_passage_bytes" in synth["serving"] and "vs_smallest" in synth["serving"]
+    for e in (real, synth):  # four documents edited: only their passages embedded, by the model, the rest reused
+        r = e["rebuild"]
+        assert r["writes"] == 4 and 4 <= r["embedded"] <= 8 and r["reused"] >= e["build"]["chunks"] - 8
+        assert r["vectors"]["model"] == r["embedded"] and r["over_full_build"] > 0
+    assert synth["rebuild"]["full_build_projected"] and not real["rebuild"]["full_build_projected"]
     pytest.importorskip("matplotlib")
     (png,) = plots.glob("scale-*.png")  # one per code version
     assert png.stat().st_size > 10_000
