@@ -45,6 +45,7 @@ from index_builder.chunking import CHUNK_DTYPE
 from index_builder.doc_store import DocumentFile
 from index_builder.errors import SnapshotError
 from index_builder.models import sha256_file
+from index_builder.row_file import RowFile
 from index_builder.types import Document
 
 log = logging.getLogger(__name__)
@@ -333,10 +334,10 @@ class LoadedSnapshot:
     bm25: bm25s.BM25
     vectors: np.ndarray | None  # None, like hnsw, when the dense side could not be loaded
     hnsw: faiss.Index | None  # None when the dense index could not be loaded (BM25 serves alone)
-    token_vectors: np.ndarray | None
+    token_vectors: Any  # a RowFile (index_builder/row_file.py): rows read with pread, never mapped
     token_offsets: np.ndarray | None
     dense_error: str | None = None
-    token_scales: np.ndarray | None = None
+    token_scales: Any = None  # a RowFile too
     chunk_keys: np.ndarray | None = None  # S16 [chunks], memory-mapped (snapshots before format 1.1: None)
 
     @property
@@ -424,10 +425,12 @@ def load_snapshot(root: Path, *, expected: dict[str, Any] | None = None, checksu
             log.error("cannot read %s/%s (%s): BM25 will serve alone", path, name, e)
     token_vectors = token_offsets = token_scales = None
     if (path / "token_vectors.npy").is_file():
-        token_vectors = np.load(path / "token_vectors.npy", mmap_mode="r")
+        # read by rows with pread, only the head's (index_builder/row_file.py: a mapped store's pages would count
+        # in the RSS and follow the corpus)
+        token_vectors = RowFile(path / "token_vectors.npy")
         token_offsets = np.load(path / "token_offsets.npy")
         if (path / "token_scales.npy").is_file():
-            token_scales = np.load(path / "token_scales.npy", mmap_mode="r")  # read for the head only
+            token_scales = RowFile(path / "token_scales.npy")
     chunk_keys = np.load(path / "chunk_keys.npy", mmap_mode="r") if (path / "chunk_keys.npy").is_file() else None
     counts = manifest["counts"]
     if len(documents) != counts["documents"] or len(chunks) != counts["chunks"]:

@@ -90,3 +90,38 @@ def test_a_storage_the_build_cannot_make_is_refused_naming_it(storage, problem):
     with pytest.raises(ValueError, match="late_interaction.storage") as e:
         TokenEncoderConfig(storage=storage)
     assert problem in str(e.value) and storage in str(e.value)
+
+
+def test_the_token_store_is_read_by_rows_never_mapped(sample_index_dir, config, embedder):
+    """A serving process reads the head's token rows with pread: the token files are never mapped, so their pages
+    never count in its RSS (a mapped store ends resident in full: docs/results/scale.md), and a truncated file is
+    an error naming it."""
+    from pathlib import Path
+
+    from index_builder.row_file import RowFile
+
+    index = SearchIndex.load(sample_index_dir, config, embedder)
+    query = embedder.encode(["which planet has the largest volcano"], with_tokens=True).token_vectors[0]
+    for a in range(0, len(index.chunks) - 20, 20):
+        index.late.scores(query, np.arange(a, a + 20))
+    maps = Path("/proc/self/maps").read_text()
+    assert "token_vectors.npy" not in maps and "token_scales.npy" not in maps
+    rows = index.late.vectors
+    assert isinstance(rows, RowFile)
+    whole = np.load(rows.path)
+    pick = np.array([5, 6, 7, 0, 100, 101])
+    np.testing.assert_array_equal(rows[pick], whole[pick])
+    np.testing.assert_array_equal(np.asarray(rows), whole)
+
+
+def test_a_truncated_token_file_is_an_error_naming_it(tmp_path):
+    from index_builder.row_file import RowFile
+
+    p = tmp_path / "token_vectors.npy"
+    np.save(p, np.ones((10, 48), np.uint8))
+    with open(p, "r+b") as f:
+        f.truncate(p.stat().st_size - 100)
+    rows = RowFile(p)
+    assert rows[0:2].shape == (2, 48)
+    with pytest.raises(OSError, match="token_vectors.npy: truncated"):
+        rows[8:10]
