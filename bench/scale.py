@@ -230,6 +230,46 @@ def measure_serving(index: Path, queries: list[tuple[str, str]], args: argparse.
             "levels": levels, "status": status}
 
 
+def serve_alternating(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """``--serve-indexes A,B``: each built index served in turn (A, B, A, B, ...), ``--rounds`` times, by the code
+    as it is: memory per passage and latency per index, each round kept, and the ratios of the medians against the
+    first index. For a latency comparison between sizes that a noisy shared machine does not decide."""
+    from bench.harness import median
+
+    indexes = [Path(p) for p in args.serve_indexes.split(",") if p]
+    if args.dataset:
+        queries, _ = query_list(args.dataset, args.split, args.limit)
+    else:
+        raise ScaleError("--serve-indexes needs --dataset (the queries asked)")
+    rounds: dict[str, list[dict[str, Any]]] = {str(i): [] for i in indexes}
+    for r in range(args.rounds):
+        for index in indexes:
+            print(f"round {r + 1}: {index}", file=sys.stderr)
+            rounds[str(index)].append(measure_serving(index, queries, args, log_dir))
+    out: dict[str, Any] = {"indexes": {}}
+    for index in indexes:
+        chunks = json.loads((snapshot_folder(index) / "manifest.json").read_text())["counts"]["chunks"]
+        runs = rounds[str(index)]
+        levels = {c: {k: median([run["levels"][c][k] for run in runs]) for k in ("p50_ms", "p99_ms", "qps")}
+                  for c in runs[0]["levels"]}
+        stage = {c: {k: median([run["levels"][c]["stage_ms"].get(k, 0.0) for run in runs])
+                     for k in runs[0]["levels"][c]["stage_ms"]} for c in runs[0]["levels"]}
+        warm = {k: median([run["memory_mib"]["warm"][k] for run in runs]) for k in ("rss", "anon", "file")}
+        out["indexes"][str(index)] = {"chunks": chunks, "levels": levels, "stage_ms": stage, "warm_mib": warm,
+                                      "rounds": runs}
+    first = out["indexes"][str(indexes[0])]
+    for index in indexes[1:]:
+        e = out["indexes"][str(index)]
+        e["vs_first"] = {c: {k: ratio(e["levels"][c][k], first["levels"][c][k]) for k in ("p50_ms", "p99_ms")}
+                         for c in e["levels"]}
+        e["rss_above_first_per_chunk_bytes"] = {k: round((e["warm_mib"][k] - first["warm_mib"][k]) * 2**20
+                                                         / (e["chunks"] - first["chunks"]), 1)
+                                                for k in ("rss", "anon", "file")}
+        print(f"{index}: p50 vs first {e['vs_first']}, RSS above the first per chunk "
+              f"{e['rss_above_first_per_chunk_bytes']}", file=sys.stderr)
+    return out
+
+
 def measure_recall(index: Path, queries: list[tuple[str, str]], config_path: str | None, k: int = 100) -> dict:
     """recall@k of the served dense stage against exact search over the same vectors, in process."""
     from bench.harness.pipelines import opened
@@ -514,6 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--server-timeout", type=float, default=900.0)
     ap.add_argument("--build-timeout", type=float, default=48 * 3600.0)
     ap.add_argument("--keep-indexes", action="store_true")
+    ap.add_argument("--serve-indexes", default="",
+                    help="instead of building: serve these built index roots (comma-separated), alternating for "
+                         "--rounds rounds (one run compares them on the same machine state)")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rebuild-writes", type=int, default=0,
                     help="per size, then edit this many documents and time the rebuild (only they are embedded)")
     ap.add_argument("--force", action="store_true", help="build a size even when projected not to fit")
@@ -545,6 +589,12 @@ def main(argv: list[str] | None = None) -> int:
             result = {**run_quality(args, log_dir), "code": code_version()}
             write_result(args.json, "scale_quality", config, result)
             print(json.dumps(result["ndcg@10_change"]))
+            return 0
+        if args.serve_indexes:
+            result = {**serve_alternating(args, log_dir), "code": code_version()}
+            config = {"serve_indexes": args.serve_indexes, "rounds": args.rounds, "dataset": args.dataset,
+                      "concurrency": args.concurrency, "duration": args.duration, "config": args.config}
+            write_result(args.json, "scale_serving", config, result)
             return 0
         sizes = sorted(ints(args.sizes))
         from bench.scale_corpus import ensure_corpus

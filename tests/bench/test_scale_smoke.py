@@ -91,7 +91,7 @@ def test_scale_bench_smoke(corpus_dir, tmp_path):  # ~11 s: two builds in child 
     assert main(["--corpus-dir", str(corpus_dir), "--work", str(tmp_path / "work"), "--sizes", "40,120",
                  "--model-up-to", "40", "--dataset", str(SAMPLE), "--limit", "8", "--concurrency", "1,2",
                  "--duration", "0.5", "--warmup", "0.2", "--warmup-queries", "3", "--recall-queries", "5",
-                 "--rebuild-writes", "4", "--json", str(out), "--plots", str(plots)]) == 0
+                 "--rebuild-writes", "4", "--keep-indexes", "--json", str(out), "--plots", str(plots)]) == 0
     entry = read_result(out, "scale")
     real, synth = entry["sizes"]["40"], entry["sizes"]["120"]
     assert real["vectors_mode"] == "model" and real["quality_valid"] and real["build"]["vectors"]["model"] == 40
@@ -114,6 +114,14 @@ def test_scale_bench_smoke(corpus_dir, tmp_path):  # ~11 s: two builds in child 
         assert r["writes"] == 4 and 4 <= r["embedded"] <= 8 and r["reused"] >= e["build"]["chunks"] - 8
         assert r["vectors"]["model"] == r["embedded"] and r["over_full_build"] > 0
     assert synth["rebuild"]["full_build_projected"] and not real["rebuild"]["full_build_projected"]
+    # the kept indexes served alternately, two rounds: medians, ratios against the first, RSS above it per chunk
+    small, large = tmp_path / "work" / "index-40", tmp_path / "work" / "index-120"
+    assert main(["--corpus-dir", str(corpus_dir), "--serve-indexes", f"{small},{large}", "--rounds", "2",
+                 "--dataset", str(SAMPLE), "--limit", "8", "--concurrency", "1", "--duration", "0.5",
+                 "--warmup", "0.2", "--warmup-queries", "3", "--json", str(out)]) == 0
+    served = read_result(out, "scale_serving")["indexes"]
+    assert len(served[str(small)]["rounds"]) == 2 and served[str(large)]["vs_first"]["1"]["p50_ms"] > 0
+    assert set(served[str(large)]["rss_above_first_per_chunk_bytes"]) == {"rss", "anon", "file"}
     pytest.importorskip("matplotlib")
     (png,) = plots.glob("scale-*.png")  # one per code version
     assert png.stat().st_size > 10_000
