@@ -600,7 +600,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--index", required=True, help="index root")
     q.add_argument("--out", help="write the new snapshot under this root instead (default: --index)")
     q.add_argument("--convert-only", action="store_true",
-                   help="no model: convert the snapshot's own token vectors in the configured storage (fp16 <-> int8)")
+                   help="no model: re-store the snapshot's own token vectors in the configured storage (float16 or "
+                        "int8 to any storage, e.g. the compact pool3+bins; a compact store cannot be converted)")
     q.add_argument("--quiet", action="store_true")
     _add_common(q)
     q.set_defaults(func=cmd_index_tokens)
