@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from index_builder.snapshot import fsync_dir
+
 KEY = np.dtype("S16")
 
 
@@ -148,9 +150,9 @@ class BuildWork:
                 f.flush()
                 os.fsync(f.fileno())
         (tmp / "done").write_bytes(b"")
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         os.replace(tmp, final)
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
         self.segments.append(final)
         return load_segment(final)
 
@@ -166,14 +168,6 @@ def load_segment(folder: Path) -> Source:
     offsets = opt("token_offsets")
     return Source(folder.name, np.load(folder / "keys.npy"), np.load(folder / "vectors.npy", mmap_mode="r"),
                   opt("token_vectors"), None if offsets is None else np.asarray(offsets), opt("token_scales"))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_tree(path: Path) -> None:

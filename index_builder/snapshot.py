@@ -59,7 +59,8 @@ DENSE_FILES = frozenset({"hnsw.faiss", "hnsw_sq8.faiss", "ivf_pq.faiss", "vector
 _GEN_RE = re.compile(r"^gen-(\d{6,})$")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a rename, a new file) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -73,7 +74,7 @@ def _fsync_tree(path: Path) -> None:
             with open(p, "rb") as f:  # fsync works on a read-only descriptor (the files are 0444 by now)
                 os.fsync(f.fileno())
     for d in sorted({p.parent for p in path.rglob("*")} | {path}, key=lambda q: -len(q.parts)):
-        _fsync_dir(d)
+        fsync_dir(d)
 
 
 def list_generations(root: Path) -> list[int]:
@@ -253,7 +254,7 @@ class SnapshotWriter:
             raise self.failed("manifest.json", e) from None
         final = generation_dir(self.root, self.generation)
         os.replace(self.tmp, final)
-        _fsync_dir(self.root / SNAPSHOTS)
+        fsync_dir(self.root / SNAPSHOTS)
         point_current(self.root, final)
         if keep_last > 0:
             prune(self.root, keep_last)
@@ -308,7 +309,7 @@ def point_current(root: Path, snapshot: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, root / CURRENT)
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 def prune(root: Path, keep_last: int) -> list[Path]:

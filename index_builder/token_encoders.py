@@ -32,6 +32,7 @@ from index_builder.errors import ModelError
 from index_builder.models import Embedder, ModelFiles, resolve_model
 from index_builder.onnx_runner import Batch, OnnxModel
 from index_builder.settings import STORAGES, RuntimeConfig, TokenEncoderConfig  # noqa: F401  (re-exported)
+from rerank.token_codes import quantize_int8  # noqa: F401  (the int8 store's quantiser; re-exported)
 
 
 class TokenEncoder(Protocol):
@@ -211,20 +212,6 @@ class ColbertEncoder:
 
 def make_token_encoder(config: TokenEncoderConfig, embedder: Embedder) -> TokenEncoder:
     return EmbedderTokens(embedder) if not config.model else ColbertEncoder(config)
-
-
-def quantize_int8(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-vector int8: returns (int8 [n, d], float32 scale [n]) with ``v ~= q * scale``.
-
-    >>> q, s = quantize_int8(np.array([[0.5, -1.0], [0.0, 0.0]], dtype=np.float32))
-    >>> q.tolist(), [round(float(x), 5) for x in s]
-    ([[64, -127], [0, 0]], [0.00787, 0.0])
-    """
-    v = np.asarray(vectors, dtype=np.float32)
-    scale = np.abs(v).max(axis=1) / 127.0 if len(v) else np.zeros(0, np.float32)
-    safe = np.where(scale > 0, scale, 1.0)
-    q = np.clip(np.rint(v / safe[:, None]), -127, 127).astype(np.int8)
-    return q, scale.astype(np.float32)
 
 
 @dataclass

@@ -4,10 +4,9 @@ Today every stored token is its full vector: 384 int8 dims plus a float32 scale 
 :class:`TokenCodec` turns a passage's token vectors into fewer bytes in three optional steps, each fitted at build
 on a sample of the corpus's own token vectors and stored with the index (:meth:`TokenCodec.to_arrays`):
 
-1. **pooling** (``poolN``): the passage's tokens clustered by Ward's method over the unit vectors (Euclidean
-   distance between unit vectors is a monotone function of cosine distance) into ``t // N`` clusters, each
-   replaced by its mean, renormalised (Clavie et al. 2024, hierarchical token pooling; at build only, so positions
-   are lost: :meth:`rerank.late_interaction.LateInteractionReranker.token_sims` has no token positions on a pooled store);
+1. **pooling** (``poolN``, :mod:`rerank.token_pooling`): the passage's tokens clustered by Ward's method over the
+   unit vectors into ``t // N`` clusters, each replaced by its renormalised mean (Clavie et al. 2024; at build
+   only, so positions are lost: a pooled store gives no token similarities for windows);
 2. **projection** (``pcaM``): onto the top ``M`` principal components of the sample (mean removed); queries are
    projected the same way at scoring time, and ``q . mean`` is added back, so scores are those of the decoded
    vectors ``mean + y @ P``;
@@ -37,6 +36,7 @@ dependency of pytrec-eval-terrier) for Ward's linkage.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -44,8 +44,9 @@ from typing import Any
 
 import numpy as np
 
+from rerank.token_pooling import POOL_METHODS, pool_tokens
+
 QUANTS = ("int8", "int4", "bin", "bins", "res1", "res2")
-POOL_METHODS = ("ward", "colbert")
 DEFAULT_CENTROIDS = 1024
 _STEP_GRID = np.linspace(0.2, 2.4, 23)  # candidate residual steps, in units of the dim's standard deviation
 
@@ -201,70 +202,6 @@ class TokenCodes:
         return (np.arange(total, dtype=np.int64) + shift).astype(np.int64), lengths
 
 
-# ------------------------------------------------------------------------------------------------ pooling
-
-
-def pool_passage(vectors: np.ndarray, factor: int, method: str = "ward") -> np.ndarray:
-    """One passage's token vectors [t, d] pooled into ``max(t // factor, 1)`` unit rows (float32 [t', d], in order
-    of each cluster's first token): Ward linkage, clusters cut by count (``fcluster maxclust``), each replaced by
-    its mean, renormalised. ``method``: ``ward`` over the unit vectors themselves; ``colbert`` over the rows of
-    ``1 - cosine`` (what Stanford ColBERT's ``pool_embeddings_hierarchical`` passes to scipy).
-
-    >>> v = np.array([[1, 0], [0.99, 0.14], [0, 1], [0.1, 0.99]], dtype=np.float32)
-    >>> pool_passage(v, 2).astype(np.float64).round(2).tolist()  # the two near-duplicate pairs merge
-    [[1.0, 0.07], [0.05, 1.0]]
-    """
-    x = np.asarray(vectors, dtype=np.float32)
-    t = len(x)
-    if factor <= 1 or t <= 1:
-        return x.copy()
-    from scipy.cluster.hierarchy import fcluster, linkage
-    from scipy.spatial.distance import squareform
-
-    unit32 = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-    gram = (unit32 @ unit32.T).astype(np.float64)  # float32 GEMM (~14x faster than float64 here), float64 after
-    if method == "ward":  # Euclidean distances between unit vectors, from one product: sqrt(2 - 2 cos)
-        dist = np.sqrt(np.maximum(2.0 - 2.0 * gram, 0.0))
-    else:  # the rows of 1 - cos taken as observations, as Stanford ColBERT does
-        rows = 1.0 - gram
-        sq = (rows * rows).sum(axis=1)
-        dist = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * rows @ rows.T, 0.0))
-    np.fill_diagonal(dist, 0.0)
-    z = linkage(squareform(dist, checks=False), method="ward")
-    labels = fcluster(z, t=max(t // factor, 1), criterion="maxclust")
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")  # clusters in order of their first token
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    cluster = rank[inverse.ravel()]
-    members = np.argsort(cluster, kind="stable")  # tokens grouped by cluster, in token order within each
-    starts = np.searchsorted(cluster[members], np.arange(len(order)))
-    sums = np.add.reduceat(unit32[members].astype(np.float64), starts, axis=0)
-    return (sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)).astype(np.float32)
-
-
-def pool_tokens(vectors: np.ndarray, offsets: np.ndarray, factor: int, method: str = "ward"
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`pool_passage` over every passage of a store: (float32 [T', d], int64 offsets [n + 1]).
-
-    >>> v = np.eye(4, dtype=np.float32)
-    >>> p, o = pool_tokens(v, np.array([0, 3, 4]), 2)
-    >>> p.shape, o.tolist()
-    ((2, 4), [0, 1, 2])
-    """
-    offsets = np.asarray(offsets, dtype=np.int64)
-    if factor <= 1:
-        return np.asarray(vectors, dtype=np.float32), offsets.copy()
-    out, lengths = [], []
-    for i in range(len(offsets) - 1):
-        pooled = pool_passage(vectors[offsets[i]:offsets[i + 1]], factor, method)
-        out.append(pooled)
-        lengths.append(len(pooled))
-    dim = vectors.shape[1]
-    flat = np.concatenate(out) if out else np.zeros((0, dim), np.float32)
-    return flat.reshape(-1, dim), np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
-
-
 # ------------------------------------------------------------------------------------------------ packing
 
 
@@ -308,8 +245,8 @@ def _unpack(p: np.ndarray, bits: int, m: int) -> np.ndarray:
 
 
 def quantize_int8(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-vector int8 (as :func:`index_builder.token_encoders.quantize_int8`, kept here so that
-    ``rerank`` stays a leaf): (int8 [n, m], float32 scale [n]), ``v ~= q * scale``, ``scale = max|v| / 127``.
+    """Symmetric per-vector int8, the ``int8`` store's (index_builder.token_encoders uses this one): (int8 [n, m],
+    float32 scale [n]), ``v ~= q * scale``, ``scale = max|v| / 127``.
 
     >>> q, s = quantize_int8(np.array([[0.5, -1.0], [0.0, 0.0]], dtype=np.float32))
     >>> q.tolist(), [round(float(x), 5) for x in s]
@@ -659,9 +596,11 @@ def check_storage(storage: str) -> str:
     return str(spec)
 
 
+@functools.lru_cache(maxsize=64)
 def stored_codec(storage: str, width: int) -> TokenCodec | None:
     """The codec that reads a store of ``storage`` whose rows are ``width`` values (bytes for packed codes) wide;
-    None for the plain storages.
+    None for the plain storages. Cached: a stateless codec holds no arrays, and the live index asks per query and
+    buffered segment.
 
     >>> stored_codec("pool3+bins", 48).dim, stored_codec("int8", 384)
     (384, None)
@@ -672,6 +611,7 @@ def stored_codec(storage: str, width: int) -> TokenCodec | None:
     return TokenCodec(spec, width * 8 // _bits(spec.quant))
 
 
+@functools.lru_cache(maxsize=64)
 def pooled(storage: str) -> bool:
     """Whether a store of ``storage`` keeps one vector per cluster of tokens rather than per token."""
     return storage not in PLAIN_STORAGES and CodecSpec.parse(storage).pool > 1

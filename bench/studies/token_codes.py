@@ -52,7 +52,8 @@ from bench.harness import alternate, names, percentiles, write_result
 from bench.harness.pipelines import opened
 from bench.studies.cascade_robustness import Scorer, parse_set, reorder_head
 from rerank.maxsim import token_maxsims
-from rerank.token_codes import CodecSpec, TokenCodec, TokenCodes, pool_tokens
+from rerank.token_codes import CodecSpec, TokenCodec, TokenCodes
+from rerank.token_pooling import pool_tokens
 from retrieval.config import load_config
 from retrieval.evaluate import judged_queries
 

@@ -13,9 +13,8 @@ from rerank.token_codes import (
     CodecSpec,
     TokenCodec,
     TokenCodes,
-    pool_passage,
-    pool_tokens,
 )
+from rerank.token_pooling import pool_passage, pool_tokens
 
 SPECS = ["int8", "int4", "bin", "bins", "res1+k1", "res2+k1", "res1+k32", "res2+k32", "pca96+int8", "pca64+int4",
          "pca128+bin", "pca64+res2+k16", "pool2+int8", "colpool2+int8", "pool3+res2+k1", "pool2+pca96+res1+k16"]
