@@ -34,5 +34,7 @@ SCRIPTS: dict[str, tuple[str, str]] = {
     "token_codes": ("bench.studies.token_codes", "compact token stores (int4, 1-bit, residual codes, PCA, pooling, "
                                                  "stacked): bytes, nDCG of the served cascade, MaxSim time; the "
                                                  "default by the worst case"),
+    "qdrant_tokens": ("bench.studies.qdrant_tokens", "the compact store's multivectors in Qdrant's own engine (Edge): "
+                                                     "float16 on disk, binary / int8 quantization; bytes, scores"),
     "ood": ("bench.studies.ood", "an out-of-domain doc-query set from a dataset's own judgments (a data tool)"),
 }

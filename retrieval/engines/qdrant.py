@@ -58,7 +58,7 @@ from index_builder.chunking import ChunkConfig, Chunker, chunk_passage
 from index_builder.errors import ConfigError
 from index_builder.models import Embedder
 from index_builder.snapshot import LoadedSnapshot, check_settings
-from index_builder.token_encoders import EmbedderTokens, TokenEncoder
+from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore
 from index_builder.types import Document, Hits
 from rerank.late_interaction import LateInteractionReranker, Reordering, rerank_head
 from retrieval.engines.settings import EngineConfig
@@ -109,6 +109,17 @@ def sparse_query(terms: Sequence[str]) -> tuple[list[int], list[float]]:
     """Query side: each term's count (a repeated query term counts each time, as bm25s scores it)."""
     tf = Counter(term_id(t) for t in terms)
     return list(tf), [float(v) for v in tf.values()]
+
+
+def stored_form(tokens: Sequence[np.ndarray], dim: int, storage: str) -> list[np.ndarray]:
+    """Passages' token vectors as a snapshot of ``storage`` keeps them, decoded to floats (a pooled store: one
+    vector per cluster of tokens): what a write puts in the engine, so that a written passage is scored as a
+    migrated one. ``float32`` (a collection not made from a snapshot's store) keeps them as they are."""
+    if storage == "float32" or not len(tokens):
+        return [np.asarray(t, dtype=np.float32) for t in tokens]
+    store = TokenStore.from_lists(tokens, dim, storage)
+    late = LateInteractionReranker(store.vectors, store.offsets, store.scales, store.storage)
+    return [late.decoded(i) for i in range(len(tokens))]
 
 
 def _kv(key: str, value: str) -> str:
@@ -195,10 +206,7 @@ class QdrantEngine:
         m = self.m
         vectors = {"dense": m.VectorParams(size=dim, distance=m.Distance.DOT)}
         if token_dim:
-            vectors["tokens"] = m.VectorParams(
-                size=token_dim, distance=m.Distance.DOT, hnsw_config=m.HnswConfigDiff(m=0),
-                datatype=m.Datatype.FLOAT16 if self.config.token_datatype == "float16" else m.Datatype.FLOAT32,
-                multivector_config=m.MultiVectorConfig(comparator=m.MultiVectorComparator.MAX_SIM))
+            vectors["tokens"] = self.token_params(token_dim)
         self.client.create_collection(
             self.name, vectors_config=vectors,
             sparse_vectors_config={"bm25": m.SparseVectorParams(modifier=m.Modifier.IDF)},
@@ -212,6 +220,22 @@ class QdrantEngine:
             for key, schema in (("doc", m.PayloadSchemaType.INTEGER), ("id", m.PayloadSchemaType.KEYWORD),
                                 ("part", m.PayloadSchemaType.INTEGER), ("kv", m.PayloadSchemaType.KEYWORD)):
                 self.client.create_payload_index(self.name, key, schema)
+
+    def token_params(self, token_dim: int) -> Any:
+        """The late-interaction multivector: MaxSim, no HNSW (it only rescores candidates), ``token_datatype``,
+        on disk or in RAM (``token_memory``), with a quantized copy in RAM when ``token_quantization`` says so."""
+        m, c = self.m, self.config
+        quant = None
+        if c.token_quantization == "binary":  # asymmetric: documents 1 bit a dimension, the query at 8 bits
+            quant = m.BinaryQuantization(binary=m.BinaryQuantizationConfig(
+                always_ram=True, query_encoding=m.BinaryQuantizationQueryEncoding.SCALAR8BITS))
+        elif c.token_quantization == "int8":
+            quant = m.ScalarQuantization(scalar=m.ScalarQuantizationConfig(type=m.ScalarType.INT8, always_ram=True))
+        return m.VectorParams(
+            size=token_dim, distance=m.Distance.DOT, hnsw_config=m.HnswConfigDiff(m=0),
+            datatype=m.Datatype.FLOAT16 if c.token_datatype == "float16" else m.Datatype.FLOAT32,
+            on_disk=c.token_memory == "disk", quantization_config=quant,
+            multivector_config=m.MultiVectorConfig(comparator=m.MultiVectorComparator.MAX_SIM))
 
     def drop(self) -> None:
         if self.exists():
@@ -327,9 +351,12 @@ class QdrantEngine:
     def maxsim(self, query_tokens: np.ndarray, ids: Sequence[int]) -> dict[int, float]:
         """MaxSim of the query's token vectors against each of ``ids``' stored token vectors, in the engine."""
         m = self.m
+        params = None  # local mode scores float32 in RAM and warns on any search_params
+        if self.config.remote and self.config.token_quantization != "none":
+            params = m.SearchParams(quantization=m.QuantizationSearchParams(rescore=self.config.token_rescore))
         res = self.client.query_points(self.name, query=np.asarray(query_tokens, dtype=np.float32), using="tokens",
                                        query_filter=m.Filter(must=[m.HasIdCondition(has_id=list(ids))]),
-                                       limit=len(ids), with_payload=False)
+                                       limit=len(ids), with_payload=False, search_params=params)
         return {int(p.id): float(p.score) for p in res.points}
 
     def retrieve(self, ids: Sequence[int]) -> list[Any]:
@@ -647,6 +674,9 @@ class EngineWriter:
         tokens = None
         if self.view.late is not None:
             tokens = enc.token_vectors if same else self.token_encoder.encode_documents(passages)
+            assert tokens is not None
+            te = self.view.token_encoder or {}
+            tokens = stored_form(tokens, int(te.get("dim") or enc.embeddings.shape[1]), str(te.get("dtype", "int8")))
         return self.engine.make_points(docs, chunks, enc.embeddings, tokens, self.view.analyzer, self.avgdl,
                                        self.k1, self.b)
 

@@ -108,6 +108,7 @@ def test_scale_bench_smoke(corpus_dir, tmp_path):  # ~11 s: two builds in child 
             assert s["levels"][level]["n"] > 0 and s["levels"][level]["errors"] == {}
             assert {"bm25", "dense", "total"} <= set(s["levels"][level]["stage_ms"])
         assert 0 <= e["recall"]["recall"] <= 1 and e["recall"]["queries"] == 5
+        assert 0 <= e["recall"]["in_domain"]["recall"] <= 1 and e["recall"]["in_domain"]["queries"] == 5
     assert "rss_above_smallest_per_passage_bytes" in synth["serving"] and "vs_smallest" in synth["serving"]
     for e in (real, synth):  # four documents edited: only their passages embedded, by the model, the rest reused
         r = e["rebuild"]
@@ -122,6 +123,16 @@ def test_scale_bench_smoke(corpus_dir, tmp_path):  # ~11 s: two builds in child 
     served = read_result(out, "scale_serving")["indexes"]
     assert len(served[str(small)]["rounds"]) == 2 and served[str(large)]["vs_first"]["1"]["p50_ms"] > 0
     assert set(served[str(large)]["rss_above_first_per_chunk_bytes"]) == {"rss", "anon", "file"}
+    # the kept indexes' dense stage at two ef_search values: exact search is exact whatever ef; a wider beam
+    # finds at least as many of the exact neighbours on these few passages
+    assert main(["--corpus-dir", str(corpus_dir), "--recall-indexes", f"{small},{large}", "--recall-ef", "8,256",
+                 "--dataset", str(SAMPLE), "--recall-queries", "6", "--json", str(out)]) == 0
+    swept = read_result(out, "scale_recall")["indexes"]
+    for index in (small, large):
+        rows = swept[str(index)]["by_ef_search"]
+        assert set(rows) == {"8", "256"} and rows["256"]["ef_search"] == 256
+        assert rows["256"]["recall"] == 1.0 and rows["256"]["in_domain"]["queries"] == 6
+        assert rows["8"]["recall"] <= rows["256"]["recall"]
     pytest.importorskip("matplotlib")
     (png,) = plots.glob("scale-*.png")  # one per code version
     assert png.stat().st_size > 10_000

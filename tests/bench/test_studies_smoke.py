@@ -122,3 +122,23 @@ def test_token_codes_int8_row_is_what_an_int8_index_serves(tmp_path, int8_index_
     with pytest.raises(SystemExit, match="stores its token vectors as pool3"):
         token_codes(["--set", f"sample:tune:{SAMPLE}:{sample_index_dir}:test", "--options", "int4",
                      "--json", str(tmp_path / "refused.json")])
+
+
+def test_qdrant_tokens_study_scores_as_the_snapshot_in_qdrants_engine(tmp_path, sample_index_dir):
+    """On Qdrant's own engine (Edge), the multivectors the backend stores (the compact store's vectors, float16,
+    on disk) give the snapshot's MaxSim, and so its ranking, exactly; a quantized copy scored alone may not."""
+    pytest.importorskip("qdrant_edge")
+    from bench.studies.qdrant_tokens import main
+
+    out = tmp_path / "qt.json"
+    assert main(["--set", f"sample:test:{SAMPLE}:{sample_index_dir}:test", "--limit", "8", "--all-chunks",
+                 "--work", str(tmp_path), "--json", str(out)]) == 0
+    r = read_result(out, "qdrant_tokens")
+    assert r["storage"] == "pool3+bins" and r["reranked"] > 0 and r["passages_stored"] > 0
+    assert r["vectors_per_passage"] > 0 and set(r["forms"]) == {"ram-f32", "disk-f16", "disk-f16+bq",
+                                                                "disk-f16+bq+rescore", "disk-f16+sq8"}
+    for form in ("ram-f32", "disk-f16", "disk-f16+bq+rescore"):
+        row = r["forms"][form]
+        assert row["max_abs_score_diff"] < 1e-3 and row["same_top10"] == 1.0 and row["delta_vs_snapshot"] == 0
+        assert row["ndcg"] == r["snapshot_ndcg"] and row["disk_bytes_per_passage"] > 0
+    assert r["forms"]["disk-f16+bq"]["maxsim_ms"]["n"] == r["reranked"]

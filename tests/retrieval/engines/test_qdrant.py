@@ -119,3 +119,43 @@ def test_migration_refuses_an_existing_collection_and_another_model(config, embe
             QdrantView.open(QdrantEngine(engine_config(config).backend), {})
     finally:
         engine.close()
+
+
+def test_engine_writes_store_tokens_as_a_migrated_snapshot_does(config, embedder, sample_index_dir):
+    """A passage written through the engine holds the vectors a build of the snapshot's storage keeps (pooled,
+    coded and decoded), not its raw token vectors, so written and migrated passages are scored alike; the
+    collection's tokens are configured as ``[backend] token_*`` say, migration included."""
+    from index_builder.build import chunk_passages
+    from index_builder.token_encoders import EmbedderTokens, TokenStore
+    from rerank.late_interaction import LateInteractionReranker
+    from retrieval.engines.qdrant import point_id
+    from retrieval.live.store import validate_batch
+
+    cfg = engine_config(config, token_quantization="binary")
+    p = Pipeline(open_index(sample_index_dir, cfg, embedder), embedder, cfg)
+    writer = open_writes(p, cfg, None)
+    engine: QdrantEngine = p.index.engine
+    try:
+        params = engine.client.get_collection(engine.name).config.params.vectors["tokens"]
+        assert params.on_disk is True and params.quantization_config.binary.always_ram is True
+        storage = p.index.token_encoder["dtype"]
+        assert storage == load_snapshot(sample_index_dir).manifest["models"]["token_encoder"]["dtype"] == "pool3+bins"
+        doc = {"_id": "bees-1", "tenant": "acme", "title": "Honeybee waggle dance",
+               "text": "Forager bees share where flowers are with a waggle dance whose angle points at the sun."}
+        writer.upsert([doc])
+        pid = point_id("bees-1", 0)
+        got = np.asarray(engine.client.retrieve(engine.name, [pid], with_vectors=["tokens"])[0].vector["tokens"],
+                         dtype=np.float32)
+        docs = validate_batch([doc], None)
+        passages = chunk_passages(docs, writer.chunker.chunk(docs))
+        assert len(passages) == 1
+        tokens = EmbedderTokens(embedder)
+        raw = tokens.encode_documents(passages)
+        store = TokenStore.from_lists(raw, raw[0].shape[1], storage)
+        want = LateInteractionReranker(store.vectors, store.offsets, store.scales, storage).decoded(0)
+        assert got.shape == want.shape and len(got) < len(raw[0])  # pooled: fewer vectors than tokens
+        assert np.allclose(got, want, atol=1e-4)
+        q = tokens.encode_queries(["how do bees tell each other where flowers are"])[0]
+        assert abs(engine.maxsim(q, [pid])[pid] - float((q @ want.T).max(axis=1).sum())) < 1e-3
+    finally:
+        p.close()
