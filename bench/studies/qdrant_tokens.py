@@ -56,7 +56,8 @@ def edge_config(qe: Any, form: str, dim: int) -> Any:
         size=dim, distance=qe.Distance.Dot,
         multivector_config=qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim),
         datatype=qe.VectorStorageDatatype.Float16 if "f16" in form else qe.VectorStorageDatatype.Float32,
-        memory=qe.Memory.Cold if form.startswith("disk") else qe.Memory.Cached, quantization_config=quant)
+        memory=qe.Memory.Cold if form.startswith("disk") else qe.Memory.Cached, quantization_config=quant,
+        hnsw_config=qe.HnswIndexConfig(m=0, ef_construct=100, full_scan_threshold=10_000))  # as the backend: no graph
     return qe.EdgeConfig(vectors={"tokens": params})
 
 
