@@ -12,7 +12,7 @@ import numpy as np
 
 from index_builder.analysis import Analyzer
 from index_builder.types import Hits
-from retrieval.search.aggregate import top_docs_from_chunk_scores
+from retrieval.search.aggregate import one_chunk_per_doc, top_docs_from_chunk_scores
 
 
 class BM25Retriever:
@@ -24,6 +24,7 @@ class BM25Retriever:
         self.bm25 = bm25
         self.analyzer = analyzer
         self.starts = starts
+        self.one_per_doc = one_chunk_per_doc(starts, int(bm25.scores["num_docs"]))
 
     def chunk_scores(self, query: str) -> np.ndarray:
         """BM25 score of every chunk, float32 [n_chunks] (zeros when no query term is in the vocabulary)."""
@@ -32,7 +33,8 @@ class BM25Retriever:
 
     def search(self, query: str, k: int, doc_mask: np.ndarray | None = None) -> Hits:
         """Top ``k`` documents with a positive score, restricted to ``doc_mask`` (bool [n_docs]) when given."""
-        return top_docs_from_chunk_scores(self.chunk_scores(query), self.starts, k, valid=doc_mask, min_score=0.0)
+        return top_docs_from_chunk_scores(self.chunk_scores(query), self.starts, k, valid=doc_mask, min_score=0.0,
+                                          one_per_doc=self.one_per_doc)
 
 
 @dataclass(frozen=True)

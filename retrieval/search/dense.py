@@ -16,7 +16,7 @@ import numpy as np
 
 from index_builder.dense_index import search_params
 from index_builder.types import Hits
-from retrieval.search.aggregate import top_docs_from_chunk_hits, top_docs_from_chunk_scores
+from retrieval.search.aggregate import one_chunk_per_doc, top_docs_from_chunk_hits, top_docs_from_chunk_scores
 from retrieval.search.settings import DenseConfig  # noqa: F401  (its section lives with the search settings)
 
 
@@ -35,6 +35,7 @@ class DenseRetriever:
         self.starts = starts
         self.config = config or DenseConfig()
         self.n_chunks = len(chunk_doc)
+        self.one_per_doc = one_chunk_per_doc(starts, self.n_chunks)
         self.rescores = index is not None and not isinstance(index, faiss.IndexHNSWFlat)
 
     def search(self, query_vec: np.ndarray, k: int, doc_mask: np.ndarray | None = None,
@@ -80,7 +81,7 @@ class DenseRetriever:
     def exact(self, q: np.ndarray, k: int, doc_mask: np.ndarray | None = None) -> Hits:
         """Exact inner-product search over every chunk (the ground truth HNSW is measured against)."""
         scores = np.asarray(self.vectors) @ q
-        return top_docs_from_chunk_scores(scores, self.starts, k, valid=doc_mask)
+        return top_docs_from_chunk_scores(scores, self.starts, k, valid=doc_mask, one_per_doc=self.one_per_doc)
 
     def exact_subset(self, q: np.ndarray, k: int, chunk_mask: np.ndarray) -> Hits:
         rows = np.flatnonzero(chunk_mask)

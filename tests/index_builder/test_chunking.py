@@ -40,3 +40,24 @@ def test_documents_score_as_their_best_chunk():
     np.testing.assert_allclose(hits.scores, [0.9, 0.7, 0.5])
     masked = top_docs_from_chunk_scores(scores, starts, k=3, valid=np.array([True, False, True]))
     assert masked.doc.tolist() == [2, 0]
+
+
+def test_one_chunk_per_doc_shortcut_gives_the_same_hits():
+    """The shortcut for indexes whose documents are single chunks (skipping the per-document max) returns exactly
+    what the general path does, with masks, a score floor and ties; it is taken only where it holds."""
+    from retrieval.search.aggregate import one_chunk_per_doc
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    starts = np.arange(n, dtype=np.int64)
+    assert one_chunk_per_doc(starts, n) and not one_chunk_per_doc(starts[:-1], n)
+    assert not one_chunk_per_doc(np.array([0, 0, 2]), 3)  # an empty document: not one chunk each
+    for trial in range(20):
+        scores = np.round(rng.random(n).astype(np.float32) * 4, 1) * (rng.random(n) > 0.6)  # zeros and ties
+        valid = None if trial % 2 else rng.random(n) > 0.3
+        for k in (1, 10, 100, 5000):
+            for floor in (None, 0.0):
+                a = top_docs_from_chunk_scores(scores, starts, k, valid=valid, min_score=floor)
+                b = top_docs_from_chunk_scores(scores, starts, k, valid=valid, min_score=floor, one_per_doc=True)
+                assert a.doc.tolist() == b.doc.tolist() and a.chunk.tolist() == b.chunk.tolist()
+                np.testing.assert_array_equal(a.scores, b.scores)
