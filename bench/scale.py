@@ -56,6 +56,7 @@ from bench.harness import plots as plotting
 from bench.harness.loadgen import LevelSpec, RequestSpec, answer_each, measure_level
 from bench.harness.server import run_measured, served, server_status
 from bench.harness.stats import mapped_files_mib, proc_memory_mib
+from bench.scale_recall import corpus_queries, measure_recall, recall_sweep
 
 # A snapshot's files grouped into parts by name (the first path component or the file name, fnmatch patterns, the
 # first part that matches wins): what today's and tomorrow's layouts call them.
@@ -366,8 +367,6 @@ def measure_size(size: int, args: argparse.Namespace, queries: list[tuple[str, s
     out["serving"] = measure_serving(index, queries, args, log_dir)
     m = out["serving"]["memory_mib"]["warm"]
     out["serving"]["rss_per_passage_bytes"] = {k: round(m[k] * 2**20 / size, 1) for k in ("rss", "anon", "file")}
-    from bench.scale_recall import measure_recall
-
     out["recall"] = measure_recall(index, queries[:args.recall_queries], args.config,
                                    in_domain=corpus_queries(corpus, args.recall_queries, args.seed + 1))
     print(f"  serving RSS warm {m['rss']} MiB (anon {m['anon']}, file {m['file']}); dense recall@100 "
@@ -430,16 +429,6 @@ def derive(sizes: dict[int, dict[str, Any]]) -> None:
             e["rebuild"]["over_full_build"] = ratio(e["rebuild"]["wall_s"], full)
             e["rebuild"]["full_build_s"] = round(full, 1)
             e["rebuild"]["full_build_projected"] = bool(e["build"].get("embed_projected_s"))
-
-
-def corpus_queries(corpus: Path, n: int, seed: int) -> list[tuple[str, str]]:
-    """Without ``--dataset``: the first sentence (at most 20 words) of ``n`` passages drawn from the corpus."""
-    import numpy as np
-
-    with open(corpus, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
-    pick = np.random.default_rng(seed).permutation(len(rows))[:n]
-    return [(f"q{i}", " ".join(rows[i]["text"].split(". ")[0].split()[:20])) for i in pick]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -509,8 +498,6 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result["ndcg@10_change"]))
             return 0
         if args.recall_indexes:
-            from bench.scale_recall import recall_sweep
-
             result = {**recall_sweep(args), "code": code_version()}
             config = {"recall_indexes": args.recall_indexes, "recall_ef": args.recall_ef, "dataset": args.dataset,
                       "recall_queries": args.recall_queries, "config": args.config}

@@ -1,6 +1,6 @@
 """The scale bench's dense recall (:mod:`bench.scale`): recall@100 of the served dense stage against exact search,
 for the bench's queries and for in-domain sentences of the corpus, and the ``--recall-indexes`` / ``--recall-ef``
-sweep over built indexes. Apart from the size runs (:mod:`bench.scale`) as the quality run is
+sweep over built indexes; kept apart from the size runs (:mod:`bench.scale`), as the quality run is
 (:mod:`bench.scale_quality`)."""
 
 from __future__ import annotations
@@ -12,7 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ints, percentiles, query_list
-from bench.scale import ScaleError, corpus_queries, snapshot_folder
+from index_builder.snapshot import current_snapshot_dir
+
+
+def corpus_queries(corpus: Path, n: int, seed: int) -> list[tuple[str, str]]:
+    """Without ``--dataset``: the first sentence (at most 20 words) of ``n`` passages drawn from the corpus."""
+    import numpy as np
+
+    with open(corpus, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    pick = np.random.default_rng(seed).permutation(len(rows))[:n]
+    return [(f"q{i}", " ".join(rows[i]["text"].split(". ")[0].split()[:20])) for i in pick]
 
 
 def measure_recall(index: Path, queries: list[tuple[str, str]], config_path: str | None, k: int = 100, *,
@@ -57,12 +67,12 @@ def recall_sweep(args: argparse.Namespace) -> dict[str, Any]:
     from bench.scale_corpus import corpus_path
 
     if not args.dataset:
-        raise ScaleError("--recall-indexes needs --dataset (the out-of-domain queries)")
+        raise ValueError("--recall-indexes needs --dataset (the out-of-domain queries)")
     queries, _ = query_list(args.dataset, args.split, args.limit)
     queries = queries[:args.recall_queries]
     out: dict[str, Any] = {"indexes": {}}
     for index in [Path(p) for p in args.recall_indexes.split(",") if p]:
-        manifest = json.loads((snapshot_folder(index) / "manifest.json").read_text())
+        manifest = json.loads((current_snapshot_dir(index) / "manifest.json").read_text())
         docs = manifest["counts"]["documents"]
         corpus = corpus_path(Path(args.corpus_dir), docs)
         in_domain = corpus_queries(corpus, args.recall_queries, args.seed + 1) if corpus.is_file() else None
