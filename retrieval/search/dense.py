@@ -37,6 +37,10 @@ class DenseRetriever:
         self.n_chunks = len(chunk_doc)
         self.one_per_doc = one_chunk_per_doc(starts, self.n_chunks)
         self.rescores = index is not None and not isinstance(index, faiss.IndexHNSWFlat)
+        # 8-bit codes rank as the float vectors do (bench/scale_recall.py: the same recall@100 at 100k and 1M
+        # rescoring 1x or 4x), so HNSW-SQ8 widens its beam by ``rescore`` but rescores only the best ``want``;
+        # PQ codes rank coarsely, so IVF-PQ rescores all ``rescore`` x ``want`` candidates.
+        self.rescores_all = isinstance(index, faiss.IndexIVF)
 
     def search(self, query_vec: np.ndarray, k: int, doc_mask: np.ndarray | None = None,
                chunk_mask: np.ndarray | None = None, *, exact: bool = False) -> Hits:
@@ -59,7 +63,7 @@ class DenseRetriever:
         while True:
             fetch = min(n_allowed, math.ceil(want * self.config.rescore)) if self.rescores else want
             params = search_params(self.index, max(self.config.ef_search, fetch), self.config.nprobe, sel)
-            scores, ids = self.index.search(q, fetch, params=params)
+            scores, ids = self.index.search(q, fetch if self.rescores_all else want, params=params)
             ids, scores = ids[0], scores[0]
             if self.rescores:
                 ids, scores = self._rescore(q[0], ids)
