@@ -73,7 +73,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     print(f"reading {report.path}" + (f": {len(stream)} documents" if args.store else f" ({counted} documents)"),
           file=sys.stderr)
     summary = build_snapshot(stream, Path(args.out), config.build_config(), progress=not args.quiet,
-                             covered_seq=seq, total=len(stream) if args.store else counted)
+                             covered_seq=seq, total=len(stream) if args.store else counted, cluster=getattr(args, "ray", None))
     if report.skipped:
         print(f"skipped {report.skipped} bad line(s); first: {report.errors[0]}", file=sys.stderr)
     print(f"built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
@@ -485,6 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="also write the documents to this document store (SQLite) and build from it, "
                                    "for a server that accepts writes (serve --store)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--ray", metavar="ADDRESS", default=None,
+                   help="encode on a Ray cluster ('local' starts one here, 'auto' joins the one this machine runs, "
+                        "or HOST:PORT): chunking in tasks, encoder actors writing the checkpoint segments "
+                        "([build.ray]; needs the ray extra)")
     _add_common(p)
     p.set_defaults(func=cmd_build)
 

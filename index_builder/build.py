@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import faiss
 import numpy as np
@@ -20,12 +20,19 @@ from tqdm import tqdm
 
 from index_builder import dense_index
 from index_builder.analysis import Analyzer
+from index_builder.batch_work import Prepared, Preparer, chunk_passages, encode_passages, identity_of  # noqa: F401  (re-exported)
 from index_builder.bm25_build import BM25Builder
-from index_builder.chunking import Chunker, chunk_passage
 from index_builder.encodings import KEY, BuildWork, Source, Sources, chunk_keys, encoder_identity
 from index_builder.errors import SnapshotError
 from index_builder.models import Embedder
-from index_builder.settings import STORAGES, BM25Config, BuildConfig, HNSWConfig  # noqa: F401  (re-exported)
+from index_builder.settings import (  # noqa: F401  (BM25Config, HNSWConfig re-exported)
+    STORAGES,
+    AnalyzerConfig,
+    BM25Config,
+    BuildConfig,
+    ChunkConfig,
+    HNSWConfig,
+)
 from index_builder.snapshot import LoadedSnapshot, SnapshotParts, SnapshotWriter, load_snapshot, write_snapshot
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore, make_token_encoder
 from index_builder.types import Document
@@ -89,14 +96,6 @@ def expected_settings(config: BuildConfig, embedder: Embedder) -> dict[str, Any]
 
 DOC_BATCH = 512  # documents read, chunked and analysed at a time
 COPY_BLOCK = 16_384  # chunks copied at a time into the snapshot's arrays
-
-
-def identity_of(embedder: Embedder, token_encoder: TokenEncoder | None) -> bytes:
-    """The encoders' identity the chunk keys are made under (not the runtime's providers: the same model on
-    another device makes the same vectors, to float rounding; not the token storage: a store in another form is
-    re-stored from the same vectors, see :func:`_restore`)."""
-    model = {k: v for k, v in embedder.describe().items() if k != "providers"}
-    return encoder_identity(model, None if token_encoder is None else token_encoder.describe())
 
 
 def snapshot_source(snap: LoadedSnapshot, identity: bytes) -> Source | None:
@@ -176,7 +175,7 @@ class _Progress:
 
 def build_snapshot(docs: Iterable[Document], root: Path, config: BuildConfig, embedder: Embedder | None = None,
                    *, progress: bool = False, covered_seq: int = 0, token_encoder: TokenEncoder | None = None,
-                   reuse: Sequence[Source] = (), total: int | None = None) -> BuildSummary:
+                   reuse: Sequence[Source] = (), total: int | None = None, cluster: str | None = None) -> BuildSummary:
     """Build and write a new snapshot generation under ``root``; ``CURRENT`` points at it when this returns.
 
     A stream: documents are read, chunked, analysed and written as they come; only the chunks no source holds are
@@ -189,6 +188,10 @@ def build_snapshot(docs: Iterable[Document], root: Path, config: BuildConfig, em
 
     Token vectors come from ``token_encoder`` (default: made from ``config.token_encoder``); when that is the
     embedder's own, they come out of the embedding pass itself.
+
+    ``cluster``: a Ray cluster's address (``local`` starts one, ``auto`` joins the one this machine runs): the
+    batches are chunked and analysed in Ray tasks and encoded by an actor pool that writes the checkpoint segments
+    itself (:mod:`index_builder.ray_build`); the snapshot is assembled from them here, as from a local build's.
     """
     t0 = time.perf_counter()
     root = Path(root)
@@ -221,7 +224,7 @@ def build_snapshot(docs: Iterable[Document], root: Path, config: BuildConfig, em
         writer = SnapshotWriter(root)
         try:
             summary = _build(docs, writer, config, embedder, token_encoder, identity, sources, work, progress,
-                             covered_seq, total, t0)
+                             covered_seq, total, t0, cluster)
         except BaseException:
             writer.abort()
             raise
@@ -229,13 +232,56 @@ def build_snapshot(docs: Iterable[Document], root: Path, config: BuildConfig, em
         return summary
 
 
+class BuildWorkers(Protocol):
+    """Where a build's batches are prepared and encoded: this process (:class:`LocalWorkers`) or a Ray cluster
+    (:class:`index_builder.ray_build.RayWorkers`). Either writes each encoded batch as a checkpoint segment."""
+
+    def prepared(self, batches: Iterable[list[Document]]) -> Iterator[tuple[list[Document], Prepared]]:
+        """Each batch with its :class:`Prepared`, in the order given."""
+
+    def submit(self, keys: np.ndarray, passages: list[str]) -> None:
+        """Encode a batch into a segment (may wait while too many are in flight)."""
+
+    def finished(self, wait: bool = False) -> list[tuple[np.ndarray, Source]]:
+        """The batches encoded since the last call (keys, segment); ``wait``: all that were submitted."""
+
+    def close(self) -> None:
+        """Release what the workers hold."""
+
+
+class LocalWorkers:
+    """Everything in this process, in order: each batch encoded and checkpointed when submitted."""
+
+    def __init__(self, preparer: Preparer, embedder: Embedder, token_encoder: TokenEncoder | None, storage: str,
+                 work: BuildWork) -> None:
+        self.preparer, self.embedder, self.token_encoder, self.storage, self.work = \
+            preparer, embedder, token_encoder, storage, work
+        self._done: list[tuple[np.ndarray, Source]] = []
+        self.encode_s = 0.0
+
+    def prepared(self, batches: Iterable[list[Document]]) -> Iterator[tuple[list[Document], Prepared]]:
+        return ((batch, self.preparer(batch)) for batch in batches)
+
+    def submit(self, keys: np.ndarray, passages: list[str]) -> None:
+        t = time.perf_counter()
+        vectors, store = encode_passages(self.embedder, self.token_encoder, self.storage, passages)
+        self._done.append((keys, _checkpoint(self.work, keys, vectors, store, self.storage)))
+        self.encode_s += time.perf_counter() - t
+
+    def finished(self, wait: bool = False) -> list[tuple[np.ndarray, Source]]:
+        done, self._done = self._done, []
+        return done
+
+    def close(self) -> None:
+        pass
+
+
 def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig, embedder: Embedder,
            token_encoder: TokenEncoder | None, identity: bytes, sources: Sources, work: BuildWork, progress: bool,
-           covered_seq: int, total: int | None, t0: float) -> BuildSummary:
+           covered_seq: int, total: int | None, t0: float, cluster: str | None = None) -> BuildSummary:
     timings = {"chunk": 0.0, "bm25": 0.0, "embed": 0.0}
     storage = config.token_encoder.storage
-    chunker = Chunker(embedder.files.tokenizer_path, config.chunking)
-    analyzer = Analyzer(config.analyzer)
+    preparer = Preparer(embedder.files.tokenizer_path, config.chunking, config.analyzer, identity)
     bm25 = BM25Builder()
     window = embedder.config.max_length - 2  # [CLS] and [SEP]
     if config.chunking.max_tokens > window:
@@ -244,54 +290,70 @@ def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig
                     "(SciFact test, 480-piece chunks at max_length 128: 0.6960 against 0.7162). Set [chunking] "
                     "max_tokens <= %d (room for the title) for the full passage", config.chunking.max_tokens,
                     window + 2, window, window + 2 - 32)
+    workers: BuildWorkers
+    if cluster is None:
+        workers = LocalWorkers(preparer, embedder, token_encoder, storage, work)
+    else:
+        from index_builder.ray_build import RayWorkers  # Ray is imported only by a build that asks for it
+
+        workers = RayWorkers(cluster, config, preparer, identity, work, embedder.dim)
     chunk_parts: list[np.ndarray] = []
     key_parts: list[np.ndarray] = []
     queued: dict[bytes, str] = {}  # key -> passage: to embed (each distinct passage once)
+    in_flight: set[bytes] = set()  # keys submitted whose segment has not come back yet
     bar = _Progress(total, progress)
     n_docs = 0
 
-    def embed(pending: dict[bytes, str]) -> None:
+    def collect(wait: bool = False) -> None:
         t = time.perf_counter()
-        keys = np.array(list(pending), dtype=KEY)
-        passages = list(pending.values())
-        enc = embedder.encode(passages, with_tokens=token_encoder is not None and isinstance(token_encoder, EmbedderTokens))
-        per_passage = enc.token_vectors
-        if token_encoder is not None and not isinstance(token_encoder, EmbedderTokens):
-            per_passage = token_encoder.encode_documents(passages)
-        store = None
-        if token_encoder is not None and per_passage is not None:
-            store = TokenStore.from_lists(per_passage, token_encoder.dim, config.token_encoder.storage)
-        sources.sources.insert(0, _checkpoint(work, keys, enc.embeddings, store, storage))
+        for keys, seg in workers.finished(wait):
+            sources.sources.insert(0, seg)
+            in_flight.difference_update(bytes(k) for k in keys)
+            bar.update(0, embedded=len(keys))
         timings["embed"] += time.perf_counter() - t
-        bar.update(0, embedded=len(passages))
 
-    for batch in _batches(docs, DOC_BATCH):
+    def submit(pending: dict[bytes, str]) -> None:
         t = time.perf_counter()
-        writer.write_documents(batch)
-        chunks = chunker.chunk(batch)
-        passages = chunk_passages(batch, chunks)
-        chunks["doc"] += n_docs
-        keys = chunk_keys(identity, passages)
-        timings["chunk"] += time.perf_counter() - t
-        t = time.perf_counter()
-        bm25.add(analyzer.batch(passages))
-        timings["bm25"] += time.perf_counter() - t
-        chunk_parts.append(chunks)
-        key_parts.append(keys)
-        found, _ = sources.find(keys)
-        for i in np.flatnonzero(found < 0).tolist():
-            queued.setdefault(bytes(keys[i]), passages[i])
-        reused = int((found >= 0).sum())
-        n_docs += len(batch)
-        bar.update(len(batch), reused=reused)
-        while len(queued) >= config.embed_batch:  # one checkpoint (Embedder.encode sorts each by length)
-            take = dict(itertools.islice(queued.items(), config.embed_batch))
-            for k in take:
-                del queued[k]
-            embed(take)
-    if queued:
-        embed(queued)
+        in_flight.update(pending)
+        workers.submit(np.array(list(pending), dtype=KEY), list(pending.values()))
+        timings["embed"] += time.perf_counter() - t
+        collect()
+
+    try:
+        for batch, prep in workers.prepared(_batches(docs, DOC_BATCH)):
+            t = time.perf_counter()
+            writer.write_documents(batch)
+            chunks, passages, keys = np.array(prep.chunks), prep.passages, prep.keys  # Ray's arrays are read-only
+            chunks["doc"] += n_docs
+            timings["chunk"] += time.perf_counter() - t + prep.chunk_s
+            t = time.perf_counter()
+            bm25.add(prep.terms)
+            timings["bm25"] += time.perf_counter() - t + prep.analyse_s
+            chunk_parts.append(chunks)
+            key_parts.append(keys)
+            found, _ = sources.find(keys)
+            reused = int((found >= 0).sum())
+            for i in np.flatnonzero(found < 0).tolist():
+                k = bytes(keys[i])
+                if k in in_flight:  # being encoded (a local build would have found it in a checkpoint)
+                    reused += 1
+                else:
+                    queued.setdefault(k, passages[i])
+            n_docs += len(batch)
+            bar.update(len(batch), reused=reused)
+            while len(queued) >= config.embed_batch:  # one checkpoint (Embedder.encode sorts each by length)
+                take = dict(itertools.islice(queued.items(), config.embed_batch))
+                for k in take:
+                    del queued[k]
+                submit(take)
+        if queued:
+            submit(queued)
+        collect(wait=True)
+    finally:
+        workers.close()
     bar.close()
+    if isinstance(workers, LocalWorkers):
+        timings["embed"] = workers.encode_s
     if not n_docs:
         raise ValueError("cannot build an index from zero documents")
     chunks = np.concatenate(chunk_parts)
@@ -439,11 +501,6 @@ def _assemble_tokens(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, s
         writer.flush_array("token_scales.npy", ts)
     writer.save_array("token_offsets.npy", offsets)
     return total
-
-
-def chunk_passages(docs: Sequence[Document], chunks: np.ndarray) -> list[str]:
-    """Each chunk's passage as it is embedded and scored (title + chunk text)."""
-    return [chunk_passage(docs[c["doc"]].title, docs[c["doc"]].text[c["start"]:c["end"]]) for c in chunks]
 
 
 def rebuild_token_vectors(root: Path, token_encoder: TokenEncoder | None, storage: str, *, out: Path | None = None,

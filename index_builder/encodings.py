@@ -133,31 +133,53 @@ class BuildWork:
     def write(self, keys: np.ndarray, vectors: np.ndarray, token_vectors: np.ndarray | None,
               token_offsets: np.ndarray | None, token_scales: np.ndarray | None) -> Source:
         """Write one segment (atomically) and return it as a source."""
-        n = len(self.segments) + 1
-        final = self.folder / f"seg-{n:06d}"
-        tmp = self.folder / f".tmp-seg-{n:06d}"
-        if tmp.exists():
-            _remove_tree(tmp)
-        tmp.mkdir()
-        arrays = {"keys": keys, "vectors": np.ascontiguousarray(vectors, dtype=np.float32)}
-        if token_vectors is not None and token_offsets is not None:
-            arrays |= {"token_vectors": token_vectors, "token_offsets": token_offsets.astype(np.int64)}
-            if token_scales is not None:
-                arrays["token_scales"] = np.asarray(token_scales)  # float32 (int8), float16 (a codec)
-        for name, a in arrays.items():
-            with open(tmp / f"{name}.npy", "wb") as f:
-                np.save(f, a)
-                f.flush()
-                os.fsync(f.fileno())
-        (tmp / "done").write_bytes(b"")
-        fsync_dir(tmp)
-        os.replace(tmp, final)
-        fsync_dir(self.folder)
+        final = write_segment(self.folder, f"seg-{len(self.segments) + 1:06d}", keys, vectors, token_vectors,
+                              token_offsets, token_scales)
         self.segments.append(final)
         return load_segment(final)
 
     def remove(self) -> None:
         _remove_tree(self.folder)
+
+
+def segment_name(keys: np.ndarray) -> str:
+    """A name for the segment of these keys that any writer would give it (a retried batch rewrites the same
+    segment; concurrent writers never collide): ``seg-`` + 16 hex digits of a hash of the keys."""
+    return "seg-" + hashlib.blake2b(np.ascontiguousarray(keys).tobytes(), digest_size=8).hexdigest()
+
+
+def write_segment(folder: Path, name: str, keys: np.ndarray, vectors: np.ndarray, token_vectors: np.ndarray | None,
+                  token_offsets: np.ndarray | None, token_scales: np.ndarray | None) -> Path:
+    """Write segment ``folder/name`` atomically: its arrays fsynced in a temporary folder of this process, renamed
+    into place. A segment already complete under that name is kept (a retried writer made the same one)."""
+    folder = Path(folder)
+    final = folder / name
+    if (final / "done").is_file():
+        return final
+    tmp = folder / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        _remove_tree(tmp)
+    tmp.mkdir()
+    arrays = {"keys": keys, "vectors": np.ascontiguousarray(vectors, dtype=np.float32)}
+    if token_vectors is not None and token_offsets is not None:
+        arrays |= {"token_vectors": token_vectors, "token_offsets": token_offsets.astype(np.int64)}
+        if token_scales is not None:
+            arrays["token_scales"] = np.asarray(token_scales)  # float32 (int8), float16 (a codec)
+    for array_name, a in arrays.items():
+        with open(tmp / f"{array_name}.npy", "wb") as f:
+            np.save(f, a)
+            f.flush()
+            os.fsync(f.fileno())
+    (tmp / "done").write_bytes(b"")
+    fsync_dir(tmp)
+    try:
+        os.replace(tmp, final)
+    except OSError:  # another writer finished the same segment first (a directory cannot replace a full one)
+        _remove_tree(tmp)
+        if not (final / "done").is_file():
+            raise
+    fsync_dir(folder)
+    return final
 
 
 def load_segment(folder: Path) -> Source:

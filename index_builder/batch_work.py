@@ -1,0 +1,88 @@
+"""A build's work on one batch, apart from the build itself so that a Ray task or actor can run it
+(:mod:`index_builder.ray_build`) as this process does (:mod:`index_builder.build`): chunk, key and analyse
+documents (:class:`Preparer`), encode passages (:func:`encode_passages`), and the identity the keys are made under."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index_builder.analysis import Analyzer
+from index_builder.chunking import Chunker, chunk_passage
+from index_builder.encodings import chunk_keys, encoder_identity
+from index_builder.models import Embedder
+from index_builder.settings import AnalyzerConfig, ChunkConfig
+from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore
+from index_builder.types import Document
+
+
+def identity_of(embedder: Embedder, token_encoder: TokenEncoder | None) -> bytes:
+    """The encoders' identity the chunk keys are made under (not the runtime's providers: the same model on
+    another device makes the same vectors, to float rounding; not the token storage: a store in another form is
+    re-stored from the same vectors, see :func:`_restore`)."""
+    model = {k: v for k, v in embedder.describe().items() if k != "providers"}
+    return encoder_identity(model, None if token_encoder is None else token_encoder.describe())
+
+
+def chunk_passages(docs: Sequence[Document], chunks: np.ndarray) -> list[str]:
+    """Each chunk's passage as it is embedded and scored (title + chunk text)."""
+    return [chunk_passage(docs[c["doc"]].title, docs[c["doc"]].text[c["start"]:c["end"]]) for c in chunks]
+
+
+@dataclass
+class Prepared:
+    """One batch of documents made ready for the index: its chunks (``doc`` numbered within the batch), each
+    chunk's passage, key and analysed terms, and the seconds each step took."""
+
+    chunks: np.ndarray
+    passages: list[str]
+    keys: np.ndarray
+    terms: list[list[str]]
+    chunk_s: float
+    analyse_s: float
+
+
+class Preparer:
+    """Chunk, key and analyse a batch of documents: the build's work besides the models, the same in this process
+    and in a Ray task (it is pickled there with its settings and makes its tokenizer on first use)."""
+
+    def __init__(self, tokenizer_path: Path, chunking: ChunkConfig, analyzer: AnalyzerConfig, identity: bytes) -> None:
+        self.tokenizer_path, self.chunking, self.analyzer_config, self.identity = \
+            Path(tokenizer_path), chunking, analyzer, identity
+        self._chunker: Chunker | None = None
+        self._analyzer: Analyzer | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_chunker": None, "_analyzer": None}
+
+    def __call__(self, batch: Sequence[Document]) -> Prepared:
+        if self._chunker is None:
+            self._chunker = Chunker(self.tokenizer_path, self.chunking)
+            self._analyzer = Analyzer(self.analyzer_config)
+        assert self._analyzer is not None
+        t = time.perf_counter()
+        chunks = self._chunker.chunk(batch)
+        passages = chunk_passages(batch, chunks)
+        keys = chunk_keys(self.identity, passages)
+        t1 = time.perf_counter()
+        terms = self._analyzer.batch(passages)
+        return Prepared(chunks, passages, keys, terms, t1 - t, time.perf_counter() - t1)
+
+
+def encode_passages(embedder: Embedder, token_encoder: TokenEncoder | None, storage: str,
+                    passages: list[str]) -> tuple[np.ndarray, TokenStore | None]:
+    """The dense vectors of ``passages`` and their token store in ``storage`` (None without token vectors)."""
+    own_tokens = token_encoder is not None and isinstance(token_encoder, EmbedderTokens)
+    enc = embedder.encode(passages, with_tokens=own_tokens)
+    per_passage = enc.token_vectors
+    if token_encoder is not None and not own_tokens:
+        per_passage = token_encoder.encode_documents(passages)
+    store = None
+    if token_encoder is not None and per_passage is not None:
+        store = TokenStore.from_lists(per_passage, token_encoder.dim, storage)
+    return enc.embeddings, store

@@ -1,0 +1,209 @@
+"""The build's batches on a Ray cluster (``hybridrag build --ray ADDRESS``): the only module that imports Ray.
+
+What runs where:
+
+- **The driver** (the ``hybridrag build`` process) reads the corpus as a stream, in order (the document order
+  defines the snapshot, so a Ray build and a local build of one corpus make the same snapshot), writes the
+  documents, keeps the BM25 postings and looks each chunk key up in the sources (:mod:`index_builder.encodings`),
+  as a local build does; then it assembles the snapshot from the segments, block by block, and builds the dense
+  index. It never holds the model output: it sees keys and segment names.
+- **Prepare tasks** (``@ray.remote`` functions) chunk, key and analyse each batch of 512 documents
+  (:class:`index_builder.build.Preparer`), a window of them ahead of the driver, their results taken in order.
+- **Encoder actors** (``[build.ray] actors``, each with ``actor_cpus`` CPUs or ``actor_gpus`` GPUs) load the
+  models once and encode the batches of new passages (``[build] embed_batch`` at a time: the same batches a local
+  build makes), writing each as a checkpoint segment under the index root's ``.build-work`` folder, named by a
+  hash of its keys (a retried batch writes the same segment). The folder must be one every node sees (the same
+  machine, or a shared filesystem).
+
+Faults: actors are restarted by Ray (``max_restarts=-1``) and their calls retried (``max_task_retries=-1``), so a
+worker killed mid-batch (kill -9) costs that batch again; a call that still fails is resubmitted to another actor
+(``RESUBMITS`` times). A driver that dies leaves the segments written so far: the next build into the same root
+(local or Ray) embeds only the rest, and the previous generation serves meanwhile (``CURRENT`` moves last).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index_builder.batch_work import Prepared, Preparer, encode_passages, identity_of
+from index_builder.encodings import BuildWork, Source, load_segment, segment_name, write_segment
+from index_builder.errors import SnapshotError
+from index_builder.settings import BuildConfig
+from index_builder.types import Document
+
+log = logging.getLogger(__name__)
+
+RESUBMITS = 3  # a batch whose call fails after Ray's own retries goes to another actor this many times
+
+
+def _connect(address: str) -> bool:
+    """Join (``auto``, ``ray://...``, ``HOST:PORT``) or start (``local``) a cluster; True when this call started
+    Ray in this process (it shuts it down at the end)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
+    # the workers import this package as the driver does
+    root = str(Path(__file__).resolve().parents[1])
+    kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}}
+    if address == "local":
+        ray.init(include_dashboard=False, **kwargs)
+    else:
+        ray.init(address=address, **kwargs)
+    return True
+
+
+class _Encoder:
+    """One encoder actor: the models loaded once, each batch encoded and written as a segment."""
+
+    def __init__(self, config: BuildConfig, threads: int) -> None:
+        from index_builder.models import Embedder
+        from index_builder.token_encoders import make_token_encoder
+
+        runtime = dataclasses.replace(config.embedder.runtime, intra_op_threads=threads)
+        self.embedder = Embedder(dataclasses.replace(config.embedder, runtime=runtime))
+        self.token_encoder = None
+        if config.token_vectors:
+            tc = dataclasses.replace(config.token_encoder, runtime=dataclasses.replace(
+                config.token_encoder.runtime, intra_op_threads=threads))
+            self.token_encoder = make_token_encoder(tc, self.embedder)
+        self.storage = config.token_encoder.storage
+        self.encode_s = 0.0
+
+    def identity(self) -> tuple[bytes, str, int]:
+        """The encoders' identity (the driver checks it equals its own: the same model files), node id, pid."""
+        import ray
+
+        return identity_of(self.embedder, self.token_encoder), ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def encode(self, folder: str, keys: np.ndarray, passages: list[str]) -> tuple[str, float]:
+        """Encode ``passages`` and write their segment under ``folder``; its name and the seconds it took."""
+        t = time.perf_counter()
+        name = segment_name(keys)
+        if not (Path(folder) / name / "done").is_file():  # a retry after the segment was written
+            vectors, store = encode_passages(self.embedder, self.token_encoder, self.storage, passages)
+            write_segment(Path(folder), name, keys, vectors, None if store is None else store.vectors,
+                          None if store is None else store.offsets, None if store is None else store.scales)
+        return name, time.perf_counter() - t
+
+
+def _prepare(preparer: Preparer, batch: list[Document]) -> Prepared:
+    return preparer(batch)
+
+
+class RayWorkers:
+    """:class:`index_builder.build.BuildWorkers` on a Ray cluster (see the module docstring)."""
+
+    def __init__(self, address: str, config: BuildConfig, preparer: Preparer, identity: bytes, work: BuildWork,
+                 dim: int) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise SnapshotError("hybridrag build --ray needs Ray: pip install '.[ray]' (or setup.sh --ray)") from None
+        self.ray = ray
+        self.config, self.work, self.dim = config, work, dim
+        self.storage = config.token_encoder.storage
+        self.started = _connect(address)
+        rc = config.ray
+        resources = ray.cluster_resources()
+        n = rc.actors
+        if n == 0:
+            n = int(resources.get("GPU", 0) // rc.actor_gpus) if rc.actor_gpus > 0 \
+                else int(resources.get("CPU", 1) // rc.actor_cpus)
+        n = max(1, n)
+        threads = max(1, int(rc.actor_cpus))
+        actor = ray.remote(_Encoder).options(num_cpus=rc.actor_cpus, num_gpus=rc.actor_gpus, max_restarts=-1,
+                                             max_task_retries=-1, max_concurrency=1)
+        self.actors: list[Any] = [actor.remote(config, threads) for _ in range(n)]
+        self._prepare = ray.remote(_prepare).options(num_cpus=rc.prepare_cpus, max_retries=3)
+        self._preparer = ray.put(preparer)
+        self.window = max(2, 2 * n)  # prepare tasks ahead of the driver
+        self.cap = n * rc.in_flight  # encoder batches in flight
+        self.pending: dict[Any, tuple[int, np.ndarray, list[str], int]] = {}  # ref -> actor, keys, passages, tries
+        self.load = [0] * n
+        self.encode_s = 0.0
+        self.batches = 0
+        self._done: list[tuple[np.ndarray, Source]] = []
+        seen = ray.get([a.identity.remote() for a in self.actors])
+        for ident, node, pid in seen:
+            if ident != identity:
+                raise SnapshotError(f"an encoder actor on node {node} (pid {pid}) has other models than this driver "
+                                    f"(identity {ident.hex()} against {identity.hex()}): install the same model "
+                                    f"files on every node")
+        nodes = collections.Counter(node for _, node, _ in seen)
+        log.info("Ray build: %d encoder actors on %d nodes (pids %s), %s CPUs / %s GPUs in the cluster", n,
+                 len(nodes), ",".join(str(pid) for _, _, pid in seen), resources.get("CPU", 0),
+                 resources.get("GPU", 0))
+        self.folder = str(work.folder)
+
+    def prepared(self, batches: Iterable[list[Document]]) -> Iterator[tuple[list[Document], Prepared]]:
+        ahead: collections.deque[tuple[list[Document], Any]] = collections.deque()
+        for batch in batches:
+            ahead.append((batch, self._prepare.remote(self._preparer, batch)))
+            if len(ahead) >= self.window:
+                done, ref = ahead.popleft()
+                yield done, self.ray.get(ref)
+        while ahead:
+            done, ref = ahead.popleft()
+            yield done, self.ray.get(ref)
+
+    def _send(self, keys: np.ndarray, passages: list[str], tries: int) -> None:
+        i = min(range(len(self.actors)), key=self.load.__getitem__)
+        ref = self.actors[i].encode.remote(self.folder, keys, passages)
+        self.pending[ref] = (i, keys, passages, tries)
+        self.load[i] += 1
+
+    def submit(self, keys: np.ndarray, passages: list[str]) -> None:
+        while len(self.pending) >= self.cap:
+            self._take(self._wait(1))
+        self._send(keys, passages, 0)
+        self.batches += 1
+
+    def _wait(self, n: int, timeout: float | None = None) -> list[Any]:
+        ready, _ = self.ray.wait(list(self.pending), num_returns=min(n, len(self.pending)), timeout=timeout)
+        return ready
+
+    def _take(self, ready: list[Any]) -> None:
+        for ref in ready:
+            i, keys, passages, tries = self.pending.pop(ref)
+            self.load[i] -= 1
+            try:
+                name, seconds = self.ray.get(ref)
+            except (self.ray.exceptions.RayActorError, self.ray.exceptions.RayTaskError) as e:
+                if tries >= RESUBMITS:
+                    raise SnapshotError(f"a batch of {len(keys)} passages failed {tries + 1} times on the Ray "
+                                        f"cluster: {e}") from e
+                log.warning("an encoder batch failed (%s); sent to another actor", type(e).__name__)
+                self._send(keys, passages, tries + 1)
+                continue
+            self.encode_s += seconds
+            self._done.append((keys, load_segment(Path(self.folder) / name)))
+
+    def finished(self, wait: bool = False) -> list[tuple[np.ndarray, Source]]:
+        if wait:
+            while self.pending:
+                self._take(self._wait(len(self.pending)))
+        elif self.pending:
+            self._take(self._wait(len(self.pending), timeout=0))
+        done, self._done = self._done, []
+        for _, seg in done:
+            seg.storage = self.storage
+        return done
+
+    def close(self) -> None:
+        for a in self.actors:
+            self.ray.kill(a)
+        self.actors = []
+        if self.started:
+            self.ray.shutdown()

@@ -1,0 +1,202 @@
+"""The build on a Ray cluster (issue 42): a real local cluster of a head and two worker nodes (``ray start``, one
+CPU each), the real model, real SciFact passages; an encoder actor killed (kill -9) mid-build and a driver killed
+mid-build, each ending in the snapshot a local build writes."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from index_builder.build import build_snapshot
+from index_builder.corpus import read_corpus
+from index_builder.snapshot import current_snapshot_dir
+from tests.helpers import REPO, SHARED_BEIR
+
+pytest.importorskip("ray", reason="the ray extra (setup.sh --ray) is not installed")
+RAY = Path(sys.executable).with_name("ray")
+DOCS = 300  # SciFact's first documents: ~580 chunks, 18 batches of 32
+BATCH = 32
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, str]]:
+    """A head (no CPU: it schedules only) and two worker nodes of one CPU each, on loopback, with a token."""
+    tmp = Path(tempfile.mkdtemp(prefix="hr-ray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    (tmp / "token").write_text(os.urandom(32).hex())
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp / "token"),
+           "RAY_USAGE_STATS_ENABLED": "0"}
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    common = ["--disable-usage-stats", "--object-store-memory", "100000000"]
+    try:
+        subprocess.run([str(RAY), "start", "--head", "--port", str(port), "--num-cpus", "0",
+                        "--include-dashboard=false", "--temp-dir", str(tmp / "r"), *common],
+                       env=env, check=True, capture_output=True, timeout=120)
+        for _ in range(2):
+            subprocess.run([str(RAY), "start", "--address", address, "--num-cpus", "1", *common],
+                           env=env, check=True, capture_output=True, timeout=120)
+        yield {"address": address, **{k: env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}}
+    finally:
+        subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ray-corpus") / "corpus.jsonl"
+    with gzip.open(SHARED_BEIR / "scifact" / "corpus.jsonl.gz", "rt") as f, open(path, "w") as out:
+        for _, line in zip(range(DOCS), f, strict=False):
+            out.write(line)
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_build(tmp_path_factory, corpus, config, embedder) -> Path:
+    """The same corpus built in this process (the reference)."""
+    root = tmp_path_factory.mktemp("ray-local")
+    docs, _ = read_corpus(corpus)
+    cfg = dataclasses.replace(config.build_config(), embed_batch=BATCH)
+    build_snapshot(docs, root, cfg, embedder)
+    return root
+
+
+def _cmd(corpus: Path, out: Path, address: str, tmp: Path) -> list[str]:
+    toml = tmp / "build.toml"
+    toml.write_text(f"[build]\nembed_batch = {BATCH}\n")
+    return [sys.executable, "-m", "hybridrag", "build", "--corpus", str(corpus), "--out", str(out), "--config",
+            str(toml), "--quiet", "--ray", address, "-v"]
+
+
+class _Build:
+    """The build command as a subprocess, its stderr drained on a thread (the actors' pids are read from it)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.err: list[str] = []
+        self.out = ""
+        self._t = threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True)  # type: ignore[arg-type]
+        self._t.start()
+
+    def actors(self, timeout: float = 180) -> tuple[int, list[int]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.err):
+                if m := re.search(r"(\d+) encoder actors on (\d+) nodes \(pids ([\d,]+)\)", line):
+                    return int(m.group(2)), [int(p) for p in m.group(3).split(",")]
+            assert self.proc.poll() is None, "".join(self.err)
+            time.sleep(0.05)
+        raise AssertionError("the build never reported its actors:\n" + "".join(self.err))
+
+    def wait(self, timeout: float = 600) -> int:
+        self.out = self.proc.stdout.read() if self.proc.stdout else ""
+        rc = self.proc.wait(timeout)
+        self._t.join(10)
+        return rc
+
+
+def _segments(root: Path) -> int:
+    return len(list((root / ".build-work").glob("seg-*/done")))
+
+
+def _wait_segments(build: _Build, root: Path, n: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while _segments(root) < n:
+        assert build.proc.poll() is None, "".join(build.err)
+        assert time.monotonic() < deadline, f"fewer than {n} segments within {timeout} s"
+        time.sleep(0.02)
+
+
+def _same_snapshot(a_root: Path, b_root: Path) -> None:
+    a, b = current_snapshot_dir(a_root), current_snapshot_dir(b_root)
+    assert (a / "documents.jsonl").read_bytes() == (b / "documents.jsonl").read_bytes()
+    names = sorted(p.relative_to(a).as_posix() for p in a.rglob("*.npy"))
+    assert names == sorted(p.relative_to(b).as_posix() for p in b.rglob("*.npy"))
+    for name in names:
+        x, y = np.load(a / name), np.load(b / name)
+        assert x.shape == y.shape and x.dtype == y.dtype, name
+        if name == "vectors.npy":  # float tolerance: another thread count may round differently
+            np.testing.assert_allclose(x, y, atol=1e-5, err_msg=name)
+        elif name.startswith("token_") and name != "token_offsets.npy":
+            assert np.mean(x == y) >= 0.999, name  # codes of vectors equal to float rounding
+        else:
+            assert np.array_equal(x, y), name  # chunks, keys, BM25: exactly
+    for name in ("bm25/vocab.index.json", "bm25/params.index.json"):
+        assert (a / name).read_text() == (b / name).read_text()
+
+
+def test_a_two_node_ray_build_with_a_killed_worker_writes_the_local_build_s_snapshot(cluster, corpus, local_build,
+                                                                                    tmp_path):
+    """Two encoder actors, one per worker node; one is killed (kill -9 of its process) once two segments are
+    written; Ray restarts it and retries its batch, and the snapshot equals the one built in process."""
+    out = tmp_path / "ray"
+    build = _Build(_cmd(corpus, out, cluster["address"], tmp_path), cluster)
+    try:
+        nodes, pids = build.actors()
+        assert nodes == 2 and len(pids) == 2, build.err
+        _wait_segments(build, out, 2)
+        before = _segments(out)
+        os.kill(pids[0], signal.SIGKILL)
+        assert build.proc.poll() is None  # killed mid-build
+        assert build.wait() == 0, "".join(build.err)
+    finally:
+        if build.proc.poll() is None:
+            build.proc.kill()
+    embedded = int(build.out.split(" passages embedded")[0].rsplit(" ", 1)[1])
+    _same_snapshot(out, local_build)
+    assert not (out / ".build-work").exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)
+    print(f"\n[ray] killed actor {pids[0]} after {before} segments; {embedded} passages embedded on 2 nodes")
+
+
+def test_a_ray_build_whose_driver_dies_keeps_the_previous_generation_and_resumes(cluster, corpus, local_build,
+                                                                                tmp_path):
+    """The driver killed (kill -9) after three segments: ``CURRENT`` still names the previous generation; the same
+    command again embeds only what the segments lack and writes the local build's snapshot."""
+    out = tmp_path / "ray"
+    first = tmp_path / "first.jsonl"
+    first.write_text("".join(corpus.read_text().splitlines(keepends=True)[:20]))
+    prev = _Build(_cmd(first, out, cluster["address"], tmp_path), cluster)
+    assert prev.wait() == 0, "".join(prev.err)
+    gen1 = current_snapshot_dir(out)
+    build = _Build(_cmd(corpus, out, cluster["address"], tmp_path), cluster)
+    try:
+        build.actors()
+        _wait_segments(build, out, 3)
+        os.kill(build.proc.pid, signal.SIGKILL)
+        build.proc.wait()
+    finally:
+        if build.proc.poll() is None:
+            build.proc.kill()
+    assert current_snapshot_dir(out) == gen1  # the previous generation still serves
+    done = _segments(out)
+    again = _Build(_cmd(corpus, out, cluster["address"], tmp_path), cluster)
+    assert again.wait() == 0, "".join(again.err)
+    embedded = int(again.out.split(" passages embedded")[0].rsplit(" ", 1)[1])
+    total = int(json.loads((current_snapshot_dir(local_build) / "manifest.json").read_text())["counts"]["chunks"])
+    assert embedded <= total - BATCH * done  # the dead driver's segments were not embedded again
+    _same_snapshot(out, local_build)
+    print(f"\n[ray] driver killed after {done} segments; the resumed build embedded {embedded} of {total} passages")
