@@ -9,7 +9,9 @@ alone on the same passages, in one run (issue 42).
    (``actor_cpus = cores / W``, still one thread each): where the cores run out. The Ray cluster's start, the actors'
    model loading, chunking in tasks, the segments and the driver's assembly are all inside the wall time.
 
-Each build is its own process, into an empty folder. Usage::
+Each build is its own process, into an empty folder; every run (the floor too) groups passages ``--embed-batch``
+at a time (128: some 23 batches for 1,500 SciFact documents, enough to spread over the actors; at the default
+1,024 there are 3). Usage::
 
     python -m bench.ray_build --corpus ../shared/data/beir/scifact --limit 1500 --workers 1,2,4 [--json F]
 """
@@ -66,10 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus", required=True, help="BEIR folder or JSONL")
     ap.add_argument("--limit", type=int, default=1500, help="the corpus's first N documents")
     ap.add_argument("--workers", default="1,2,4", help="encoder actors per Ray run")
+    ap.add_argument("--embed-batch", type=int, default=128,
+                    help="[build] embed_batch for every run, the floor's included (enough batches to spread)")
     ap.add_argument("--json", default="results/ray-build/ray-build.json")
     args = ap.parse_args(argv)
     from bench.build import _encoder_alone
 
+    os.environ["HYBRIDRAG_BUILD__EMBED_BATCH"] = str(args.embed_batch)  # every run, the children included
     cores = os.cpu_count() or 1
     out: dict[str, Any] = {"machine": machine(), "cores": cores, "limit": args.limit}
     with tempfile.TemporaryDirectory(prefix="ray-build-") as tmp_s:

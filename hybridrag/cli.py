@@ -79,7 +79,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     print(f"built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     print(summary.line() + "; stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.timings.items()))
     if config.backend.kind != "local":  # the snapshot is the build's product; the engine gets a copy of it
-        return _migrate(Path(args.out), config, replace=True)
+        return _migrate(Path(args.out), config, replace=True, ray=getattr(args, "ray", None))
     return 0
 
 
@@ -128,7 +128,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return _migrate(Path(args.index), config, replace=args.replace)
 
 
-def _migrate(index_dir: Path, config, *, replace: bool) -> int:
+def _migrate(index_dir: Path, config, *, replace: bool, ray: str | None = None) -> int:
     from index_builder.build import expected_settings
     from index_builder.models import Embedder
     from index_builder.snapshot import load_snapshot
@@ -140,11 +140,20 @@ def _migrate(index_dir: Path, config, *, replace: bool) -> int:
         return 2
     snap = load_snapshot(index_dir, expected=expected_settings(config.build_config(), Embedder(config.embedder)),
                          checksums=config.index.verify_checksums)
-    engine = QdrantEngine(config.backend)
-    try:
-        info = engine.migrate(snap, replace=replace, progress=True)
-    finally:
-        engine.close()
+    if ray and config.backend.remote:  # upserts from Ray tasks in parallel, none through this process
+        from retrieval.engines.ray_upload import migrate_on_ray
+
+        info = migrate_on_ray(index_dir, config.backend, ray, replace=replace)
+        print(f"{info['tasks']} Ray tasks wrote the collection in parallel", file=sys.stderr)
+    else:
+        if ray:
+            print(f"hybridrag: {config.backend.location} is an engine folder (one process's): the build writes it "
+                  "alone; give an engine URL for parallel upserts from the cluster", file=sys.stderr)
+        engine = QdrantEngine(config.backend)
+        try:
+            info = engine.migrate(snap, replace=replace, progress=True)
+        finally:
+            engine.close()
     print(f"migrated {info['documents']} documents / {info['chunks']} chunks (generation {info['generation']}, "
           f"token vectors: {info['token_vectors']}) into {config.backend.describe()} in {info['seconds']} s "
           "(vectors reused, nothing re-embedded)")

@@ -17,7 +17,9 @@ What runs where:
 
 Faults: actors are restarted by Ray (``max_restarts=-1``) and their calls retried (``max_task_retries=-1``), so a
 worker killed mid-batch (kill -9) costs that batch again; a call that still fails is resubmitted to another actor
-(``RESUBMITS`` times). A driver that dies leaves the segments written so far: the next build into the same root
+(``RESUBMITS`` times). A node that leaves the cluster takes its actors with it, and Ray would wait for room to
+restart them; so while no batch completes the driver checks the nodes every ``NODE_CHECK_S`` seconds and retires the
+actors of a node that is gone, their batches going to the others. A driver that dies leaves the segments written so far: the next build into the same root
 (local or Ray) embeds only the rest, and the previous generation serves meanwhile (``CURRENT`` moves last).
 """
 
@@ -43,9 +45,10 @@ from index_builder.types import Document
 log = logging.getLogger(__name__)
 
 RESUBMITS = 3  # a batch whose call fails after Ray's own retries goes to another actor this many times
+NODE_CHECK_S = 5.0  # while no batch completes, the cluster's nodes are checked this often
 
 
-def _connect(address: str) -> bool:
+def connect(address: str) -> bool:
     """Join (``auto``, ``ray://...``, ``HOST:PORT``) or start (``local``) a cluster; True when this call started
     Ray in this process (it shuts it down at the end)."""
     import ray
@@ -114,7 +117,7 @@ class RayWorkers:
         self.ray = ray
         self.config, self.work, self.dim = config, work, dim
         self.storage = config.token_encoder.storage
-        self.started = _connect(address)
+        self.started = connect(address)
         rc = config.ray
         resources = ray.cluster_resources()
         n = rc.actors
@@ -136,6 +139,8 @@ class RayWorkers:
         self.batches = 0
         self._done: list[tuple[np.ndarray, Source]] = []
         seen = ray.get([a.identity.remote() for a in self.actors])
+        self.nodes = [node for _, node, _ in seen]
+        self.retired: set[int] = set()
         for ident, node, pid in seen:
             if ident != identity:
                 raise SnapshotError(f"an encoder actor on node {node} (pid {pid}) has other models than this driver "
@@ -159,7 +164,8 @@ class RayWorkers:
             yield done, self.ray.get(ref)
 
     def _send(self, keys: np.ndarray, passages: list[str], tries: int) -> None:
-        i = min(range(len(self.actors)), key=self.load.__getitem__)
+        live = [i for i in range(len(self.actors)) if i not in self.retired]
+        i = min(live, key=self.load.__getitem__)
         ref = self.actors[i].encode.remote(self.folder, keys, passages)
         self.pending[ref] = (i, keys, passages, tries)
         self.load[i] += 1
@@ -171,8 +177,25 @@ class RayWorkers:
         self.batches += 1
 
     def _wait(self, n: int, timeout: float | None = None) -> list[Any]:
-        ready, _ = self.ray.wait(list(self.pending), num_returns=min(n, len(self.pending)), timeout=timeout)
-        return ready
+        while True:
+            ready, _ = self.ray.wait(list(self.pending), num_returns=min(n, len(self.pending)),
+                                     timeout=NODE_CHECK_S if timeout is None else timeout)
+            if ready or timeout is not None:
+                return ready
+            self._retire_lost_nodes()
+
+    def _retire_lost_nodes(self) -> None:
+        """Retire the actors of nodes no longer alive (their pending calls then fail and are resubmitted)."""
+        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
+        for i, node in enumerate(self.nodes):
+            if i not in self.retired and node not in alive:
+                log.warning("node %s left the cluster: its encoder actor is retired, its batches go to the others",
+                            node)
+                self.retired.add(i)
+                self.ray.kill(self.actors[i], no_restart=True)
+        if len(self.retired) == len(self.actors):
+            raise SnapshotError("every encoder actor's node left the Ray cluster; the segments written so far are "
+                                "kept: run the same build again to resume")
 
     def _take(self, ready: list[Any]) -> None:
         for ref in ready:

@@ -276,6 +276,14 @@ class QdrantEngine:
     def migrate(self, snap: LoadedSnapshot, *, replace: bool = False, progress: bool = False) -> dict[str, Any]:
         """Copy a built snapshot into the collection, reusing its dense and token vectors (nothing is
         re-embedded). Refuses an existing collection unless ``replace``. Returns what was done."""
+        t0 = time.perf_counter()
+        plan = self.start_migration(snap, replace=replace)
+        self.upload(snap, plan, 0, len(snap.chunks), progress=progress)
+        return self.migrated(snap, t0)
+
+    def start_migration(self, snap: LoadedSnapshot, *, replace: bool = False) -> dict[str, Any]:
+        """Create the collection for ``snap`` (its metadata: generation, BM25 parameters, models); the plan that
+        :meth:`upload` takes for any range of its chunks, here or in another process (a Ray task)."""
         if snap.vectors is None:
             raise ConfigError(f"snapshot {snap.path} has no dense vectors ({snap.dense_error}); rebuild it first")
         if self.exists():
@@ -283,13 +291,12 @@ class QdrantEngine:
                 raise ConfigError(f"collection {self.name!r} already exists at {self.config.location}; "
                                   "pass --replace to overwrite it")
             self.drop()
-        t0 = time.perf_counter()
         man = snap.manifest
-        analyzer = Analyzer(AnalyzerConfig(**{k: man["analyzer"][k] for k in ("stemmer", "stopwords", "lowercase")}))
+        analyzer = {k: man["analyzer"][k] for k in ("stemmer", "stopwords", "lowercase")}
         bm = man.get("bm25", {})
         avgdl = bm.get("avgdl")
         if avgdl is None:
-            terms = analyzer.batch(chunk_passages(snap.documents, snap.chunks))
+            terms = Analyzer(AnalyzerConfig(**analyzer)).batch(chunk_passages(snap.documents, snap.chunks))
             avgdl = float(np.mean([len(t) for t in terms])) if terms else 0.0
         k1, b = float(bm.get("k1", 1.5)), float(bm.get("b", 0.75))
         has_tokens = snap.token_vectors is not None and snap.token_offsets is not None
@@ -302,34 +309,49 @@ class QdrantEngine:
                     "avgdl": float(avgdl), "k1": k1, "b": b,
                     "manifest": {k: man[k] for k in ("models", "analyzer", "bm25", "hnsw", "chunking", "dim",
                                                       "created_at", "generation") if k in man}}
+        assert snap.vectors is not None
         self.create(int(snap.vectors.shape[1]), token_dim, metadata)
-        batch = self.config.upload_batch
-        n = len(snap.chunks)
+        storage = str((man.get("models", {}).get("token_encoder") or {}).get("dtype", "int8"))
+        return {"analyzer": analyzer, "avgdl": float(avgdl), "k1": k1, "b": b,
+                "storage": storage if has_tokens else ""}
+
+    def upload(self, snap: LoadedSnapshot, plan: dict[str, Any], start: int, stop: int, *,
+               progress: bool = False) -> int:
+        """Upsert chunks ``start:stop`` of ``snap`` (``upload_batch`` points a call, waited for). Idempotent: point
+        ids come from document ids and chunk positions, so a retried range writes the same points."""
+        assert snap.vectors is not None
+        analyzer = Analyzer(AnalyzerConfig(**plan["analyzer"]))
         stored = None
-        if has_tokens:
+        if plan["storage"]:
             assert snap.token_vectors is not None and snap.token_offsets is not None
-            storage = str((man.get("models", {}).get("token_encoder") or {}).get("dtype", "int8"))
             # a compact store goes in as the vectors its codes stand for (pooled: fewer of them), so the engine's
             # MaxSim scores as the snapshot's stage does
-            stored = LateInteractionReranker(snap.token_vectors, snap.token_offsets, snap.token_scales, storage)
+            stored = LateInteractionReranker(snap.token_vectors, snap.token_offsets, snap.token_scales,
+                                             plan["storage"])
         chunk_doc = np.asarray(snap.chunks["doc"], dtype=np.int64)
         counts = np.bincount(chunk_doc, minlength=len(snap.documents))
         first = np.searchsorted(chunk_doc, np.arange(len(snap.documents)), side="left")
-        positions = [(r - int(first[d]), int(counts[d])) for r, d in enumerate(chunk_doc.tolist())]
-        for start in range(0, n, batch):
-            rows = np.arange(start, min(n, start + batch))
+        batch = self.config.upload_batch
+        for a in range(start, stop, batch):
+            rows = np.arange(a, min(stop, a + batch))
             tokens = None
             if stored is not None:
                 tokens = [stored.decoded(r) for r in rows.tolist()]
+            positions = [(int(r) - int(first[d]), int(counts[d])) for r, d in zip(rows.tolist(),
+                                                                                  chunk_doc[rows].tolist(),
+                                                                                  strict=True)]
             pts = self.make_points(snap.documents, snap.chunks[rows], np.asarray(snap.vectors[rows]), tokens,
-                                   analyzer, float(avgdl), k1, b, positions[rows[0]:rows[-1] + 1])
+                                   analyzer, plan["avgdl"], plan["k1"], plan["b"], positions)
             self.client.upsert(self.name, pts, wait=True)
-            if progress and (start // batch) % 20 == 0:
-                log.info("migrated %d / %d chunks", min(n, start + batch), n)
-        seconds = time.perf_counter() - t0
+            if progress and ((a - start) // batch) % 20 == 0:
+                log.info("migrated %d / %d chunks", min(stop, a + batch) - start, stop - start)
+        return stop - start
+
+    def migrated(self, snap: LoadedSnapshot, t0: float) -> dict[str, Any]:
+        """What :meth:`migrate` reports (``t0``: when it began)."""
         return {"collection": self.name, "location": self.config.location, "documents": len(snap.documents),
-                "chunks": n, "token_vectors": bool(has_tokens), "seconds": round(seconds, 1),
-                "generation": snap.generation}
+                "chunks": len(snap.chunks), "token_vectors": snap.token_vectors is not None,
+                "seconds": round(time.perf_counter() - t0, 1), "generation": snap.generation}
 
     # ------------------------------------------------------------------ filters and queries
 

@@ -200,3 +200,80 @@ def test_a_ray_build_whose_driver_dies_keeps_the_previous_generation_and_resumes
     assert embedded <= total - BATCH * done  # the dead driver's segments were not embedded again
     _same_snapshot(out, local_build)
     print(f"\n[ray] driver killed after {done} segments; the resumed build embedded {embedded} of {total} passages")
+
+
+def test_a_ray_build_into_the_engine_upserts_from_parallel_tasks(cluster, corpus, local_build, tmp_path):
+    """``[backend] kind = "qdrant"`` at an engine URL (``hybridrag engine``, Qdrant's engine behind its REST API in
+    another process): the build's snapshot goes into the collection from Ray tasks, several at once, and the engine
+    answers a query as the local snapshot does."""
+    import httpx
+
+    port = _free_port()
+    engine = subprocess.Popen([sys.executable, "-m", "hybridrag", "engine", "--location", str(tmp_path / "engine"),
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the engine host did not come up"
+            time.sleep(0.1)
+        cmd = _cmd(corpus, tmp_path / "ray", cluster["address"], tmp_path)
+        toml = Path(cmd[cmd.index("--config") + 1])
+        toml.write_text(toml.read_text() + f'\n[backend]\nkind = "qdrant"\nlocation = "http://127.0.0.1:{port}"\n'
+                                           f'collection = "ray"\nupload_batch = 64\n')
+        build = _Build(cmd, cluster)
+        assert build.wait() == 0, "".join(build.err)
+        m = re.search(r"(\d+) Ray tasks wrote the collection in parallel", "".join(build.err))
+        assert m and int(m.group(1)) >= 2, build.err
+        chunks = int(json.loads((current_snapshot_dir(local_build) / "manifest.json").read_text())["counts"]["chunks"])
+        assert f"/ {chunks} chunks" in build.out
+        query = "cancer cells and the immune system"
+        ours = subprocess.run([sys.executable, "-m", "hybridrag", "search", "--index", str(tmp_path / "ray"),
+                               "--config", str(toml), "--stages", "bm25,dense", "--json", "-k", "5", query],
+                              cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **cluster})
+        local = subprocess.run([sys.executable, "-m", "hybridrag", "search", "--index", str(local_build),
+                                "--stages", "bm25,dense", "--json", "-k", "5", query],
+                               cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert ours.returncode == 0 and local.returncode == 0, (ours.stderr, local.stderr)
+
+        def ids(out: str) -> list[str]:
+            return [r["id"] for r in json.loads(out.strip().splitlines()[-1])["hits"]]
+
+        assert ids(ours.stdout) == ids(local.stdout) and len(ids(ours.stdout)) == 5
+    finally:
+        engine.terminate()
+        try:
+            engine.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+
+
+def _raylet_of(pid: int) -> int:
+    """The raylet (the node's process) a worker process belongs to: its parent."""
+    ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert "raylet" in Path(f"/proc/{ppid}/cmdline").read_bytes().decode(errors="replace"), ppid
+    return ppid
+
+
+def test_a_ray_build_survives_a_node_that_leaves(cluster, corpus, local_build, tmp_path):
+    """One worker node's raylet killed (kill -9) mid-build, its actor with it: the driver retires that actor once the
+    node is gone, the other finishes the batches, and the snapshot equals the local build's. (Last in this module:
+    the cluster keeps one worker node after it.)"""
+    out = tmp_path / "ray"
+    build = _Build(_cmd(corpus, out, cluster["address"], tmp_path), cluster)
+    try:
+        nodes, pids = build.actors()
+        assert nodes == 2
+        _wait_segments(build, out, 2)
+        os.kill(_raylet_of(pids[1]), signal.SIGKILL)
+        assert build.proc.poll() is None
+        assert build.wait() == 0, "".join(build.err)
+    finally:
+        if build.proc.poll() is None:
+            build.proc.kill()
+    assert any("left the cluster" in line for line in build.err), build.err
+    _same_snapshot(out, local_build)
