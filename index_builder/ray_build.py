@@ -19,8 +19,9 @@ Faults: actors are restarted by Ray (``max_restarts=-1``) and their calls retrie
 worker killed mid-batch (kill -9) costs that batch again; a call that still fails is resubmitted to another actor
 (``RESUBMITS`` times). A node that leaves the cluster takes its actors with it, and Ray would wait for room to
 restart them; so while no batch completes the driver checks the nodes every ``NODE_CHECK_S`` seconds and retires the
-actors of a node that is gone, their batches going to the others. A driver that dies leaves the segments written so far: the next build into the same root
-(local or Ray) embeds only the rest, and the previous generation serves meanwhile (``CURRENT`` moves last).
+actors of a node that is gone, their batches going to the others. A driver that dies leaves the segments written
+so far: the next build into the same root (local or Ray) embeds only the rest, and the previous generation serves
+meanwhile (``CURRENT`` moves last).
 """
 
 from __future__ import annotations
