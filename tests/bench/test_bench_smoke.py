@@ -247,3 +247,16 @@ def test_build_bench_smoke(tmp_path):
     assert 0 < entry["build_over_encoder"] and build["peak_rss_mib"] > 0
     assert 0 < rebuild["embedded"] < build["chunks"] / 4 and rebuild["reused"] > 0  # only the edited passages
     assert 0 < entry["rebuild_over_build"]
+
+
+def test_ray_build_bench_smoke(tmp_path):
+    pytest.importorskip("ray", reason="the ray extra (setup.sh --ray) is not installed")
+    from bench.ray_build import main
+
+    out = tmp_path / "ray-build.json"
+    assert main(["--corpus", str(SAMPLE), "--limit", "30", "--workers", "1", "--embed-batch", "16",
+                 "--json", str(out)]) == 0
+    entry = read_result(out, "ray_build")
+    floor, local, one = entry["encoder"], entry["local"], entry["ray"]["1"]
+    assert floor["passages"] == local["chunks"] == one["chunks"] > 30
+    assert one["passages_per_s"] > 0 and one["x_local"] > 0 and one["x_first"] == 1.0
