@@ -32,6 +32,8 @@ SCRIPTS: dict[str, tuple[str, str]] = {
     "cascade_robustness": ("bench.studies.cascade_robustness", "late-interaction policies (and the cross-encoder's "
                                                                "weight, BM25 k1/b) chosen by the worst case"),
     "ce_levers": ("bench.studies.ce_levers", "the cross-encoder's levers: quality and cost of each, in one run"),
+    "bm25_build_memory": ("bench.studies.bm25_build_memory", "the build's BM25 in memory: the postings held and the "
+                                                             "peak while scoring them, per posting and passage"),
     "bm25_units": ("bench.studies.bm25_units", "BM25 over documents against chunks, Porter against Snowball"),
     "token_codes": ("bench.studies.token_codes", "compact token stores (int4, 1-bit, residual codes, PCA, pooling, "
                                                  "stacked): bytes, nDCG of the served cascade, MaxSim time; the "

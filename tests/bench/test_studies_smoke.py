@@ -142,3 +142,20 @@ def test_qdrant_tokens_study_scores_as_the_snapshot_in_qdrants_engine(tmp_path, 
         assert row["max_abs_score_diff"] < 1e-3 and row["same_top10"] == 1.0 and row["delta_vs_snapshot"] == 0
         assert row["ndcg"] == r["snapshot_ndcg"] and row["disk_bytes_per_passage"] > 0
     assert r["forms"]["disk-f16+bq"]["maxsim_ms"]["n"] == r["reranked"]
+
+
+def test_bm25_build_memory_study_smoke(tmp_path):
+    import json
+
+    from bench.studies.bm25_build_memory import main
+
+    corpus = tmp_path / "corpus.jsonl"
+    with open(corpus, "w") as f:
+        for line in (SAMPLE / "corpus.jsonl").read_text().splitlines():
+            d = json.loads(line)
+            f.write(json.dumps({"title": d.get("title", ""), "text": d["text"]}) + "\n")
+    out = tmp_path / "mem.json"
+    assert main(["--corpus", str(corpus), "--passages", "100", "--json", str(out)]) == 0
+    entry = read_result(out, "bm25_build_memory")
+    assert entry["passages"] == 100 and entry["postings"] > 1000
+    assert entry["finish_peak_mib"] >= entry["held_mib"] > 0 and entry["matrix_mib"] > 0
