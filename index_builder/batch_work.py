@@ -1,20 +1,22 @@
-"""A build's work on one batch, apart from the build itself so that a Ray task or actor can run it
+"""A build's work on one batch, and where it runs (:class:`BuildWorkers`), apart from the build itself so that
+a Ray task or actor can run it
 (:mod:`index_builder.ray_build`) as this process does (:mod:`index_builder.build`): chunk, key and analyse
 documents (:class:`Preparer`), encode passages (:func:`encode_passages`), and the identity the keys are made under."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from index_builder.analysis import Analyzer
 from index_builder.chunking import Chunker, chunk_passage
-from index_builder.encodings import chunk_keys, encoder_identity
+from index_builder.encodings import BuildWork, Source, chunk_keys, encoder_identity
+from index_builder.errors import SnapshotError
 from index_builder.models import Embedder
 from index_builder.settings import AnalyzerConfig, ChunkConfig
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore
@@ -86,3 +88,59 @@ def encode_passages(embedder: Embedder, token_encoder: TokenEncoder | None, stor
     if token_encoder is not None and per_passage is not None:
         store = TokenStore.from_lists(per_passage, token_encoder.dim, storage)
     return enc.embeddings, store
+
+
+def checkpoint(work: BuildWork, keys: np.ndarray, vectors: np.ndarray, store: TokenStore | None,
+                storage: str) -> Source:
+    """One batch of encodings written to the build's work folder (atomically), as a source."""
+    try:
+        seg = work.write(keys, vectors, None if store is None else store.vectors,
+                         None if store is None else store.offsets, None if store is None else store.scales)
+    except OSError as e:
+        raise SnapshotError(f"cannot write the build's checkpoint under {work.folder}: {e.strerror or e}") from None
+    seg.storage = storage
+    return seg
+
+
+class BuildWorkers(Protocol):
+    """Where a build's batches are prepared and encoded: this process (:class:`LocalWorkers`) or a Ray cluster
+    (:class:`index_builder.ray_build.RayWorkers`). Either writes each encoded batch as a checkpoint segment."""
+
+    def prepared(self, batches: Iterable[list[Document]]) -> Iterator[tuple[list[Document], Prepared]]:
+        """Each batch with its :class:`Prepared`, in the order given."""
+
+    def submit(self, keys: np.ndarray, passages: list[str]) -> None:
+        """Encode a batch into a segment (may wait while too many are in flight)."""
+
+    def finished(self, wait: bool = False) -> list[tuple[np.ndarray, Source]]:
+        """The batches encoded since the last call (keys, segment); ``wait``: all that were submitted."""
+
+    def close(self) -> None:
+        """Release what the workers hold."""
+
+
+class LocalWorkers:
+    """Everything in this process, in order: each batch encoded and checkpointed when submitted."""
+
+    def __init__(self, preparer: Preparer, embedder: Embedder, token_encoder: TokenEncoder | None, storage: str,
+                 work: BuildWork) -> None:
+        self.preparer, self.embedder, self.token_encoder, self.storage, self.work = \
+            preparer, embedder, token_encoder, storage, work
+        self._done: list[tuple[np.ndarray, Source]] = []
+        self.encode_s = 0.0
+
+    def prepared(self, batches: Iterable[list[Document]]) -> Iterator[tuple[list[Document], Prepared]]:
+        return ((batch, self.preparer(batch)) for batch in batches)
+
+    def submit(self, keys: np.ndarray, passages: list[str]) -> None:
+        t = time.perf_counter()
+        vectors, store = encode_passages(self.embedder, self.token_encoder, self.storage, passages)
+        self._done.append((keys, checkpoint(self.work, keys, vectors, store, self.storage)))
+        self.encode_s += time.perf_counter() - t
+
+    def finished(self, wait: bool = False) -> list[tuple[np.ndarray, Source]]:
+        done, self._done = self._done, []
+        return done
+
+    def close(self) -> None:
+        pass

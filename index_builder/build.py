@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import faiss
 import numpy as np
@@ -20,7 +20,16 @@ from tqdm import tqdm
 
 from index_builder import dense_index
 from index_builder.analysis import Analyzer
-from index_builder.batch_work import Prepared, Preparer, chunk_passages, encode_passages, identity_of  # noqa: F401  (re-exported)
+from index_builder.batch_work import (  # noqa: F401  (Prepared, encode_passages re-exported)
+    BuildWorkers,
+    LocalWorkers,
+    Prepared,
+    Preparer,
+    checkpoint,
+    chunk_passages,
+    encode_passages,
+    identity_of,
+)
 from index_builder.bm25_build import BM25Builder
 from index_builder.encodings import KEY, BuildWork, Source, Sources, chunk_keys, encoder_identity
 from index_builder.errors import SnapshotError
@@ -232,50 +241,6 @@ def build_snapshot(docs: Iterable[Document], root: Path, config: BuildConfig, em
         return summary
 
 
-class BuildWorkers(Protocol):
-    """Where a build's batches are prepared and encoded: this process (:class:`LocalWorkers`) or a Ray cluster
-    (:class:`index_builder.ray_build.RayWorkers`). Either writes each encoded batch as a checkpoint segment."""
-
-    def prepared(self, batches: Iterable[list[Document]]) -> Iterator[tuple[list[Document], Prepared]]:
-        """Each batch with its :class:`Prepared`, in the order given."""
-
-    def submit(self, keys: np.ndarray, passages: list[str]) -> None:
-        """Encode a batch into a segment (may wait while too many are in flight)."""
-
-    def finished(self, wait: bool = False) -> list[tuple[np.ndarray, Source]]:
-        """The batches encoded since the last call (keys, segment); ``wait``: all that were submitted."""
-
-    def close(self) -> None:
-        """Release what the workers hold."""
-
-
-class LocalWorkers:
-    """Everything in this process, in order: each batch encoded and checkpointed when submitted."""
-
-    def __init__(self, preparer: Preparer, embedder: Embedder, token_encoder: TokenEncoder | None, storage: str,
-                 work: BuildWork) -> None:
-        self.preparer, self.embedder, self.token_encoder, self.storage, self.work = \
-            preparer, embedder, token_encoder, storage, work
-        self._done: list[tuple[np.ndarray, Source]] = []
-        self.encode_s = 0.0
-
-    def prepared(self, batches: Iterable[list[Document]]) -> Iterator[tuple[list[Document], Prepared]]:
-        return ((batch, self.preparer(batch)) for batch in batches)
-
-    def submit(self, keys: np.ndarray, passages: list[str]) -> None:
-        t = time.perf_counter()
-        vectors, store = encode_passages(self.embedder, self.token_encoder, self.storage, passages)
-        self._done.append((keys, _checkpoint(self.work, keys, vectors, store, self.storage)))
-        self.encode_s += time.perf_counter() - t
-
-    def finished(self, wait: bool = False) -> list[tuple[np.ndarray, Source]]:
-        done, self._done = self._done, []
-        return done
-
-    def close(self) -> None:
-        pass
-
-
 def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig, embedder: Embedder,
            token_encoder: TokenEncoder | None, identity: bytes, sources: Sources, work: BuildWork, progress: bool,
            covered_seq: int, total: int | None, t0: float, cluster: str | None = None) -> BuildSummary:
@@ -385,18 +350,6 @@ def _usable(found: Sequence[Source], storage: str | None) -> Sources:
     return Sources(same + other)
 
 
-def _checkpoint(work: BuildWork, keys: np.ndarray, vectors: np.ndarray, store: TokenStore | None,
-                storage: str) -> Source:
-    """One batch of encodings written to the build's work folder (atomically), as a source."""
-    try:
-        seg = work.write(keys, vectors, None if store is None else store.vectors,
-                         None if store is None else store.offsets, None if store is None else store.scales)
-    except OSError as e:
-        raise SnapshotError(f"cannot write the build's checkpoint under {work.folder}: {e.strerror or e}") from None
-    seg.storage = storage
-    return seg
-
-
 def _restore(keys: np.ndarray, sources: Sources, work: BuildWork, storage: str, dim: int, batch: int) -> int:
     """Re-store, in this build's ``storage``, the token vectors of the chunks whose only source keeps them in
     another form (an int8 snapshot built before the storage changed): decoded per chunk, coded a batch at a time
@@ -414,7 +367,7 @@ def _restore(keys: np.ndarray, sources: Sources, work: BuildWork, storage: str, 
             per_passage.append(plain.floats(int(row[i])))
             vectors.append(np.asarray(s.vectors[int(row[i])], dtype=np.float32))
         store = TokenStore.from_lists(per_passage, dim, storage)
-        sources.sources.insert(0, _checkpoint(work, unique[sel], np.stack(vectors), store, storage))
+        sources.sources.insert(0, checkpoint(work, unique[sel], np.stack(vectors), store, storage))
     return len(other)
 
 
