@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hybridrag.folder_sync import add_folder_args, add_sync_parser
 from index_builder.errors import HybridRagError
 
 log = logging.getLogger("hybridrag")
@@ -46,14 +47,21 @@ def _thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from hybridrag.folder_sync import build_folder
     from index_builder.build import build_snapshot
     from index_builder.corpus import CorpusReport, iter_corpus, read_corpus, resolve_corpus_path
     from index_builder.errors import CorpusError
+    from index_builder.folder import is_folder_corpus
 
     config = _config(args, _thread_overrides(args))
     t = time.perf_counter()
     seq = 0
-    if args.store:  # the store becomes the source of truth; the snapshot records the sequence number it covers
+    folder_summary: Any = None
+    if is_folder_corpus(args.corpus):  # a folder of files: readers, and a summary of what changed since last time
+        stream, seq, folder_summary, counted = build_folder(args, config)
+        report = CorpusReport(path=str(args.corpus))
+        print(f"reading the folder {args.corpus} ({counted} candidate files)", file=sys.stderr)
+    elif args.store:  # the store becomes the source of truth; the snapshot records the sequence number it covers
         from retrieval.live.store import MAX_BATCH, DocumentStore
 
         docs, report = read_corpus(args.corpus, skip_bad=args.skip_bad)
@@ -70,10 +78,14 @@ def cmd_build(args: argparse.Namespace) -> int:
             raise CorpusError("corpus has no valid documents", path=report.path)
         report = CorpusReport(path=report.path)
         stream = iter_corpus(args.corpus, skip_bad=args.skip_bad, report=report)
-    print(f"reading {report.path}" + (f": {len(stream)} documents" if args.store else f" ({counted} documents)"),
-          file=sys.stderr)
+    if folder_summary is None:
+        print(f"reading {report.path}" + (f": {len(stream)} documents" if args.store else f" ({counted} documents)"),
+              file=sys.stderr)
     summary = build_snapshot(stream, Path(args.out), config.build_config(), progress=not args.quiet,
-                             covered_seq=seq, total=len(stream) if args.store else counted, cluster=getattr(args, "ray", None))
+                             covered_seq=seq, total=len(stream) if isinstance(stream, list) else counted,
+                             cluster=getattr(args, "ray", None))
+    if folder_summary is not None:
+        print(str(folder_summary))
     if report.skipped:
         print(f"skipped {report.skipped} bad line(s); first: {report.errors[0]}", file=sys.stderr)
     print(f"built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
@@ -487,8 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridrag", description="Hybrid BM25 + dense retrieval service")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("build", help="build an index snapshot from a corpus (BEIR corpus.jsonl(.gz) or JSONL)")
-    p.add_argument("--corpus", required=True, help="corpus file, or a BEIR dataset folder")
+    p = sub.add_parser("build", help="build an index snapshot from a corpus: a folder of files (markdown, "
+                                     "reStructuredText, HTML, text, PDF), a BEIR dataset folder or a JSONL file")
+    p.add_argument("--corpus", required=True, help="a folder of files, a BEIR dataset folder (corpus.jsonl), or a "
+                                                   "JSONL corpus file")
     p.add_argument("--out", required=True, help="index root folder (snapshots/ and CURRENT are written there)")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed lines and report how many")
     p.add_argument("--store", help="also write the documents to this document store (SQLite) and build from it, "
@@ -498,8 +512,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="encode on a Ray cluster ('local' starts one here, 'auto' joins the one this machine runs, "
                         "or HOST:PORT): chunking in tasks, encoder actors writing the checkpoint segments "
                         "([build.ray]; needs the ray extra)")
+    add_folder_args(p)
     _add_common(p)
     p.set_defaults(func=cmd_build)
+    add_sync_parser(sub, _add_common)
 
     p = sub.add_parser("search", help="answer queries from an index")
     p.add_argument("--index", required=True)

@@ -2,21 +2,29 @@
 
 Windows are counted in the embedder's word pieces (so a chunk fits the model) and snapped to whole words. A
 document no longer than one window is a single chunk holding its whole text.
+
+A document read from a file (:mod:`index_builder.folder`) holds sections separated by a form feed
+(``SECTION_BREAK``). Its chunks never straddle two sections: each section is chunked alone, by whole paragraphs
+(blank-line separated) packed up to the window, and only a paragraph longer than a window is cut into overlapping
+windows as above. Text without a form feed (every JSONL corpus) is chunked exactly as before.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from index_builder.readers import SECTION_BREAK
 from index_builder.settings import ChunkConfig  # noqa: F401  (re-exported)
 from index_builder.types import Document
 
 MAX_SNAP = 16  # word pieces a window may grow or shift to reach a word boundary (URLs, unspaced scripts)
 CHUNK_DTYPE = np.dtype([("doc", np.int32), ("start", np.int32), ("end", np.int32)])
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 
 
 def chunk_passage(title: str, text: str) -> str:
@@ -32,7 +40,53 @@ class Chunker:
         self.tokenizer.no_truncation()
 
     def spans(self, text: str) -> list[tuple[int, int]]:
-        """Character spans of the chunks of one text.
+        """Character spans of the chunks of one text: by sections and paragraphs when it holds section breaks."""
+        if SECTION_BREAK not in text:
+            return self.window_spans(text)
+        out: list[tuple[int, int]] = []
+        pos = 0
+        for section in text.split(SECTION_BREAK):
+            out.extend(self._section_spans(section, pos))
+            pos += len(section) + len(SECTION_BREAK)
+        return out or [(0, len(text))]
+
+    def _pieces(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _section_spans(self, section: str, base: int) -> list[tuple[int, int]]:
+        """Whole paragraphs packed up to ``max_tokens`` pieces; a longer paragraph is cut into windows."""
+        paras: list[tuple[int, int]] = []
+        start = 0
+        for m in _PARAGRAPH_BREAK.finditer(section):
+            paras.append((start, m.start()))
+            start = m.end()
+        paras.append((start, len(section)))
+        paras = [(s + (len(section[s:e]) - len(section[s:e].lstrip())), e - (len(section[s:e]) - len(section[s:e].rstrip())))
+                 for s, e in paras if section[s:e].strip()]
+        size = self.config.max_tokens
+        out: list[tuple[int, int]] = []
+        cur: tuple[int, int] | None = None
+        cur_pieces = 0
+        for s, e in paras:
+            n = self._pieces(section[s:e])
+            if n > size:  # a paragraph longer than a window: flush, then its own windows
+                if cur is not None:
+                    out.append(cur)
+                    cur, cur_pieces = None, 0
+                out.extend((s + a, s + b) for a, b in self.window_spans(section[s:e]))
+                continue
+            if cur is not None and cur_pieces + n + 1 <= size:
+                cur, cur_pieces = (cur[0], e), cur_pieces + n + 1
+            else:
+                if cur is not None:
+                    out.append(cur)
+                cur, cur_pieces = (s, e), n
+        if cur is not None:
+            out.append(cur)
+        return [(base + s, base + e) for s, e in out]
+
+    def window_spans(self, text: str) -> list[tuple[int, int]]:
+        """Character spans of the overlapping windows of one text.
 
         Windows start every ``max_tokens - overlap`` word pieces; a start inside a whitespace-delimited word moves
         to the next word, an end inside a word moves to the end of that word.

@@ -644,6 +644,10 @@ class EngineWriter:
         """Nothing to do: the engine keeps its indexes current (Rebuild answers with the collection as it is)."""
         return None
 
+    def list_documents(self, **_: Any) -> list:
+        raise NotImplementedError("the engine backend keeps no document list to page through: ListDocuments needs "
+                                  "the local backend's document store (serve --store)")
+
     def _bump(self) -> int:
         """The write's sequence number: the shared write version when there is one. The write is already in the
         engine here, so a Redis failure does not fail it: it is logged, and caches keep older entries until

@@ -464,6 +464,11 @@ class LiveIndex:
                 self._written([c.id for c in changes])
         return result
 
+    def list_documents(self, *, tenant: str | None = None, filters: Mapping[str, str] | None = None,
+                       after: str = "", limit: int = MAX_BATCH) -> list[tuple[str, str, str, dict[str, str], int]]:
+        """The store's documents, a page at a time (:meth:`retrieval.live.store.DocumentStore.list`)."""
+        return self.store.list(tenant=tenant, filters=filters, after=after, limit=limit)
+
     # ------------------------------------------------------------------ rebuild and swap
 
     def rebuild(self, *, only_if_due: bool = False) -> BuildSummary | None:

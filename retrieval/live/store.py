@@ -241,6 +241,23 @@ class DocumentStore:
                 raise
         return WriteResult(last, count)
 
+    def list(self, *, tenant: str | None = None, filters: Mapping[str, str] | None = None, after: str = "",
+             limit: int = MAX_BATCH) -> list[tuple[str, str, str, dict[str, str], int]]:
+        """(id, tenant, title, metadata, seq) of up to ``limit`` documents after id ``after``, in id order; only
+        ``tenant``'s when given, only those whose metadata holds every ``filters`` pair. No text is read."""
+        where, params = ["id > ?"], [after]
+        if tenant is not None:
+            where.append("tenant = ?")
+            params.append(tenant)
+        for key, value in (filters or {}).items():
+            where.append("json_extract(metadata, ?) = ?")
+            params.extend([f'$."{key}"', value])
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT id, tenant, title, metadata, seq FROM documents WHERE {' AND '.join(where)} "
+                "ORDER BY id LIMIT ?", (*params, int(limit))).fetchall()
+        return [(i, t, title, json.loads(m), int(q)) for i, t, title, m, q in rows]
+
     def changes_since(self, seq: int) -> list[Change]:
         """Writes after ``seq`` in order; an upsert carries the document only if it is still the current version."""
         with self._lock:
