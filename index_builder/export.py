@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from index_builder.errors import ModelError
+from index_builder.int8 import cpu_int8_dot  # noqa: F401  (re-exported; quantize_model asks it)
 
 MODEL_FILE = "model.onnx"
 REPORT_FILE = "export.json"
@@ -215,17 +216,6 @@ def cmd_models_export(args: argparse.Namespace) -> int:
     report = export_fp32(Path(args.out), Path(args.source) if args.source else None, opset=args.opset)
     print(json.dumps(report, indent=1))
     return 0
-
-
-def cpu_int8_dot() -> str:
-    """The CPU's int8 dot-product extension ("avx512_vnni", "avx_vnni", "amx_int8"), or "" when it has none
-    (Linux /proc/cpuinfo; "" elsewhere). int8 ONNX models pay only where one is present."""
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])
-    except OSError:
-        return ""
-    return next((f for f in ("amx_int8", "avx512_vnni", "avx_vnni") if f in flags), "")
 
 
 def quantize_model(src: Path, out: Path, *, force: bool = False) -> dict[str, Any]:

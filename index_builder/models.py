@@ -17,12 +17,14 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from index_builder.errors import ModelError
+from index_builder.int8 import serving_onnx
 from index_builder.onnx_runner import OnnxModel
-from index_builder.settings import BUNDLED, CrossEncoderConfig, EmbedderConfig, RuntimeConfig  # noqa: F401  (re-exported)
+from index_builder.settings import BUNDLED, CPU, CrossEncoderConfig, EmbedderConfig, RuntimeConfig  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +181,13 @@ class CrossEncoder:
             raise ModelError("no cross-encoder model configured (set [cross_encoder] model to a folder or HF id)")
         self.config = config
         self.files = files or resolve_model(config.model, hf_offline=config.hf_offline, cache_dir=config.cache_dir or None)
-        self.model = OnnxModel(self.files.onnx_path, self.files.tokenizer_path, config.runtime, config.max_length,
+        # precision "auto": an int8 copy on a CPU with VNNI/AMX, made once and cached (index_builder/int8.py)
+        available = set(ort.get_available_providers())
+        providers = [p for p in config.runtime.providers if p in available and p != CPU] + [CPU]
+        self.onnx_path, self.precision = serving_onnx(
+            self.files.onnx_path, lambda: self.files.sha256, precision=config.precision, providers=providers,
+            cache_dir=config.cache_dir)
+        self.model = OnnxModel(self.onnx_path, self.files.tokenizer_path, config.runtime, config.max_length,
                                truncation="only_second")
         # For a query longer than max_length on its own, passage-side truncation is impossible: cut both sides.
         self._cut_both = Tokenizer.from_file(str(self.files.tokenizer_path))
@@ -188,7 +196,7 @@ class CrossEncoder:
 
     def describe(self) -> dict[str, object]:
         return {"name": self.files.name, "sha256": self.files.sha256, "max_length": self.config.max_length,
-                "providers": self.model.providers}
+                "precision": self.precision, "onnx": str(self.onnx_path), "providers": self.model.providers}
 
     def score_pairs(self, query: str, passages: Sequence[str]) -> np.ndarray:
         return self.score([(query, p) for p in passages])

@@ -20,6 +20,7 @@ CPU = "CPUExecutionProvider"
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 GRAPH_OPTIMIZATIONS = ("disable", "basic", "extended", "all")  # onnx_runner maps them to ONNX Runtime's levels
 BUNDLED = "bundled"  # the offline default model (index_builder.models.bundled_minilm)
+CE_PRECISIONS = ("auto", "int8", "fp32")  # [cross_encoder] precision (index_builder/int8.py)
 STORAGES = ("float16", "int8")  # the plain storages; a stateless codec spec of rerank/token_codes.py is one too
 
 
@@ -78,6 +79,16 @@ class CrossEncoderConfig:
     hf_offline: bool = False
     cache_dir: str = ""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    # "auto": on the CPU provider of a CPU with an int8 dot-product extension (AVX-512 VNNI, AVX-VNNI, AMX), serve
+    # a dynamic int8 copy of the model, made on first use and cached (index_builder/int8.py): 0.55-0.61x the fp32
+    # cost, nDCG@10 -0.002 to -0.007 (docs/results/interactive-cascade.md); elsewhere the model as it is (int8
+    # kernels without those instructions are slower than fp32). "int8": the copy on any CPU; "fp32": never.
+    precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.precision not in CE_PRECISIONS:
+            raise ValueError(f"cross_encoder precision must be one of {', '.join(CE_PRECISIONS)}, got "
+                             f"{self.precision!r}")
 
 
 @dataclass(frozen=True)

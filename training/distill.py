@@ -119,8 +119,10 @@ class Teacher:
         from index_builder.models import CrossEncoder, CrossEncoderConfig
         from index_builder.onnx_runner import RuntimeConfig
 
+        # precision "fp32": the teacher's own logits are the targets, not the int8 copy a VNNI CPU would serve
         self.model = CrossEncoder(CrossEncoderConfig(model=str(folder), max_length=max_length, batch_size=64,
-                                                     runtime=RuntimeConfig(intra_op_threads=threads)))
+                                                     runtime=RuntimeConfig(intra_op_threads=threads),
+                                                     precision="fp32"))
 
     def logits(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
         return self.model.score(list(zip(queries, passages, strict=True)))

@@ -187,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     runtime = RuntimeConfig(intra_op_threads=args.threads)
 
     def ce(folder: str | Path, max_length: int = 0, rt: RuntimeConfig | None = None) -> CrossEncoder:
+        # precision "fp32": each variant's model as it is (the int8 ones are quantised folders), no automatic copy
         return CrossEncoder(CrossEncoderConfig(model=str(folder), max_length=max_length or args.max_length,
-                                               runtime=rt or runtime))
+                                               runtime=rt or runtime, precision="fp32"))
 
     def int8(folder: str, out: str) -> Path:
         quantize_model(Path(folder), Path(out), force=True)
