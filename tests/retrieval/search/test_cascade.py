@@ -61,7 +61,9 @@ def test_request_options_are_validated(pipeline):
 
 @pytest.mark.skipif(not CE_MODEL.is_dir(), reason="../shared/models/ce-minilm-l6-beir-train is absent")
 def test_tight_deadline_skips_the_cross_encoder_and_answers_in_time(sample_index, embedder, config):
-    ce = CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL)))
+    # the stage's old form (fp32, whole passages, never gated): it must run every time and be the slowest stage
+    ce = CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL), precision="fp32"))
+    config = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, ce_window_tokens=0, ce_gate_gap=0.0))
     p = Pipeline(sample_index, embedder, config, cross_encoder=ce)
     full = ("bm25", "dense", "late_interaction", "cross_encoder")
     query = "How do honeybees tell the hive where the nectar is?"
@@ -90,7 +92,9 @@ def test_tight_deadline_skips_the_cross_encoder_and_answers_in_time(sample_index
 
 
 def _cascade(sample_index, embedder, config, **rerank):
+    """A pipeline with the cross-encoder on; it runs on every request (no gate) unless ``ce_gate_gap`` is given."""
     ce = CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL)))
+    rerank.setdefault("ce_gate_gap", 0.0)
     cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, cross_encoder=True, **rerank))
     return Pipeline(sample_index, embedder, cfg, cross_encoder=ce)
 
@@ -196,7 +200,7 @@ def test_a_lone_request_runs_solo_and_answers_as_the_batched_path(sample_index, 
     import asyncio
 
     queries = list(sample_queries.values())[:12]
-    ce_cfg = dataclasses.replace(config.rerank, cross_encoder=True, ce_cache_pairs=64)
+    ce_cfg = dataclasses.replace(config.rerank, cross_encoder=True, ce_cache_pairs=64, ce_gate_gap=0.0)
     base = dataclasses.replace(config, rerank=ce_cfg)
     stages = (*STAGES, "cross_encoder")
     cross_encoder = CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL))) if (CE_MODEL / "model.onnx").is_file() \

@@ -15,6 +15,7 @@ from index_builder.types import Hits
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.request import SearchRequest
 from retrieval.search.runner import PoolRunner, ThreadRunner
+from retrieval.search.settings import RerankConfig
 from retrieval.search.stages.cross_encoder import CrossEncoderStage
 from retrieval.search.stages.first_stage import FirstStage
 from retrieval.search.stages.late_interaction import LateInteractionStage
@@ -28,7 +29,8 @@ FULL = ("bm25", "dense", "late_interaction", "cross_encoder")
 @pytest.fixture(scope="module")
 def served(sample_index, embedder, config):
     """A pipeline, for its models and its own answers (the reference each stage alone must equal)."""
-    cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, cross_encoder=True))
+    # the gate off (its default is 0.5): the cross-encoder runs on every request, for the stage's own tests
+    cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, cross_encoder=True, ce_gate_gap=0.0))
     ce = CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL))) if CE_MODEL.is_dir() else None
     p = Pipeline(sample_index, embedder, cfg, cross_encoder=ce)
     yield p
@@ -140,6 +142,7 @@ def test_the_cross_encoder_gate_skips_a_decisive_head(served):
     assert gated.gated(decisive, 20).startswith("gated: the head is already decisive")
     assert gated.gated(close, 20) is None
     assert served.ce_stage.gated(decisive, 20) is None  # ce_gate_gap 0: never
+    assert dataclasses.replace(served.config.rerank, ce_gate_gap=RerankConfig().ce_gate_gap) == gated.config  # 0.5: the default
 
 
 def test_a_thread_runner_refuses_a_step_that_waits_on_a_loop():

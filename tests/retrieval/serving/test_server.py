@@ -250,9 +250,12 @@ def test_a_cancelled_call_stops_its_work(sample_index, embedder, config, solo):
     from retrieval.search.pipeline import Pipeline
 
     small = BatcherConfig(max_batch_size=4, max_wait_ms=0, max_concurrent_batches=1)
+    # the stage's old, slow form (fp32 whole passages, never gated): the call is still scoring when it is cancelled
     cfg = dataclasses.replace(config, batching=dataclasses.replace(config.batching, cross_encoder=small),
-                              first_stage=dataclasses.replace(config.first_stage, solo_when_idle=solo))
-    p = Pipeline(sample_index, embedder, cfg, cross_encoder=CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL))))
+                              first_stage=dataclasses.replace(config.first_stage, solo_when_idle=solo),
+                              rerank=dataclasses.replace(config.rerank, ce_window_tokens=0, ce_gate_gap=0.0))
+    p = Pipeline(sample_index, embedder, cfg,
+                 cross_encoder=CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL), precision="fp32")))
     s = BackgroundServer(p, ServerConfig(port=0))
     stages = ["bm25", "dense", "cross_encoder"]
     try:
