@@ -27,6 +27,8 @@ SCRIPTS: dict[str, tuple[str, str]] = {
     "bm25_speed": ("bench.bm25_speed", "bm25s against rank-bm25 over the same chunks"),
     "gpu_check": ("bench.gpu_check", "model roles per execution provider and batch size; the GPU fallback"),
     "naive_baseline": ("bench.naive_baseline", "the tutorial pipeline the load bench compares against"),
+    "highlights": ("bench.highlights", "how often the highlighted sentence holds the answer (hand-written questions "
+                                       "over this machine's man pages) and what highlights cost per request"),
     # tuning studies: choose a default on tuning splits, report test beside it
     "tune_fusion": ("bench.studies.tune_fusion", "RRF k and weights chosen on tuning splits"),
     "cascade_robustness": ("bench.studies.cascade_robustness", "late-interaction policies (and the cross-encoder's "

@@ -19,7 +19,7 @@ class StageOptions(_message.Message):
     def __init__(self, stages: _Optional[_Iterable[str]] = ..., candidates: _Optional[int] = ..., li_top_k: _Optional[int] = ..., ce_top_k: _Optional[int] = ...) -> None: ...
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("query", "top_k", "tenant", "filters", "options", "bypass_cache")
+    __slots__ = ("query", "top_k", "tenant", "filters", "options", "bypass_cache", "highlights")
     class FiltersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -33,13 +33,15 @@ class RetrieveRequest(_message.Message):
     FILTERS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     BYPASS_CACHE_FIELD_NUMBER: _ClassVar[int]
+    HIGHLIGHTS_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     tenant: str
     filters: _containers.ScalarMap[str, str]
     options: StageOptions
     bypass_cache: bool
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., tenant: _Optional[str] = ..., filters: _Optional[_Mapping[str, str]] = ..., options: _Optional[_Union[StageOptions, _Mapping]] = ..., bypass_cache: _Optional[bool] = ...) -> None: ...
+    highlights: bool
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., tenant: _Optional[str] = ..., filters: _Optional[_Mapping[str, str]] = ..., options: _Optional[_Union[StageOptions, _Mapping]] = ..., bypass_cache: _Optional[bool] = ..., highlights: _Optional[bool] = ...) -> None: ...
 
 class StageScore(_message.Message):
     __slots__ = ("stage", "rank", "score")
@@ -52,7 +54,7 @@ class StageScore(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ...) -> None: ...
 
 class Passage(_message.Message):
-    __slots__ = ("doc_id", "chunk_id", "title", "text", "score", "stages", "tenant", "metadata")
+    __slots__ = ("doc_id", "chunk_id", "title", "text", "score", "stages", "tenant", "metadata", "highlights")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +70,7 @@ class Passage(_message.Message):
     STAGES_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    HIGHLIGHTS_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     chunk_id: int
     title: str
@@ -76,7 +79,20 @@ class Passage(_message.Message):
     stages: _containers.RepeatedCompositeFieldContainer[StageScore]
     tenant: str
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, doc_id: _Optional[str] = ..., chunk_id: _Optional[int] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., stages: _Optional[_Iterable[_Union[StageScore, _Mapping]]] = ..., tenant: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    highlights: _containers.RepeatedCompositeFieldContainer[Highlight]
+    def __init__(self, doc_id: _Optional[str] = ..., chunk_id: _Optional[int] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., stages: _Optional[_Iterable[_Union[StageScore, _Mapping]]] = ..., tenant: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., highlights: _Optional[_Iterable[_Union[Highlight, _Mapping]]] = ...) -> None: ...
+
+class Highlight(_message.Message):
+    __slots__ = ("start", "end", "text", "score")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    text: str
+    score: float
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., text: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
 
 class SkippedStage(_message.Message):
     __slots__ = ("stage", "reason")

@@ -60,6 +60,7 @@ from retrieval.search.semantic_cache import CacheHit
 from retrieval.search.settings import SearchSettings
 from retrieval.search.stages.cross_encoder import CrossEncoderStage
 from retrieval.search.stages.first_stage import FirstStage
+from retrieval.search.stages.highlights import HighlightStage
 from retrieval.search.stages.late_interaction import LateInteractionStage
 from retrieval.search.stages.query import Query, ms_since
 from retrieval.search.view import IndexView
@@ -113,6 +114,7 @@ class Pipeline:
         self.li_stage = LateInteractionStage(config.rerank, self.token_encoder, embedder_tokens=embedder_tokens,
                                              max_length=embedder.config.max_length)
         self.ce_stage = CrossEncoderStage(config.rerank, embedder, embedder_tokens=embedder_tokens)
+        self.highlight_stage = HighlightStage(config.rerank, embedder, embedder_tokens=embedder_tokens)
         self.latency = StageLatency(config.rerank.latency_window)
         if config.first_stage.blas_threads > 0:  # process-wide (BLAS has one pool); see FirstStageConfig
             threadpool_limits(limits=config.first_stage.blas_threads, user_api="blas")
@@ -338,6 +340,8 @@ class Pipeline:
             scope = ("retrieve", request.filter, request.k, request.candidates, request.stages, request.li_top_k,
                      request.ce_top_k, request.exact_dense)
             if (hit := await self._cached(q, cache, scope, epoch)) is not None:
+                if request.highlights:  # for this query, not the cached one's (never cached themselves)
+                    hit.highlights = await self.highlight_stage.run(q, hit)
                 hit.timings_ms["total"] = ms_since(t_total)
                 return hit
             scope = scope if q.query_vec is not None else None  # the embedding failed: nothing to cache under
@@ -349,11 +353,13 @@ class Pipeline:
         current = await self._rerank(q, current, want_li, want_ce, deadline)
         result = q.result
         result.hits = current.top(request.k)
-        result.timings_ms["total"] = ms_since(t_total)
         if scope is not None and cache is not None and q.query_vec is not None and not result.degraded:
             keep = result.detached()
             cache.put(scope, q.index.generation, q.query_vec, request.query, keep, result.doc_ids(), since=epoch,
                       nbytes=keep.approx_bytes() + request.filter.nbytes)
+        if request.highlights:  # after the cache's copy: highlights belong to this query only
+            result.highlights = await self.highlight_stage.run(q, result)
+        result.timings_ms["total"] = ms_since(t_total)
         return result
 
     async def _cached(self, q: Query, cache: ResultCache, scope: Hashable, epoch: int) -> SearchResult | None:

@@ -29,7 +29,8 @@ class SearchRequest:
     ``k``: results; ``filter``: tenant and metadata; ``candidates``: top-N per first stage; ``stages``: a subset of
     :data:`STAGES` with a first stage; ``li_top_k`` / ``ce_top_k``: the heads the rerankers reorder;
     ``exact_dense``: exact search instead of HNSW; ``query_vec``: a precomputed query embedding; ``deadline``:
-    absolute ``time.monotonic()`` seconds; ``use_cache``: read and fill the semantic cache.
+    absolute ``time.monotonic()`` seconds; ``use_cache``: read and fill the semantic cache; ``highlights``: each of the
+    first passages gets the sentences late interaction's token similarities point at (``SearchResult.highlights``).
     """
 
     query: str
@@ -43,6 +44,7 @@ class SearchRequest:
     query_vec: np.ndarray | None = field(default=None, compare=False, repr=False)
     deadline: float | None = None
     use_cache: bool = True
+    highlights: bool = False
     resolved: bool = field(default=False, compare=False, repr=False)
 
     @classmethod

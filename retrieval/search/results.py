@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from index_builder.types import Hits
+from rerank.highlights import Highlight
 from rerank.late_interaction import Reordering
 from retrieval.search.cache_check import InvalidEntry, check_result
 from retrieval.search.filters import Filter
@@ -39,6 +40,7 @@ class SearchResult:
     query_vec: np.ndarray | None = None  # the query embedding, when the dense side ran
     cache_hit: bool = False
     cache_similarity: float = 0.0  # cosine to the cached query that answered (cache hits only)
+    highlights: dict[int, list[Highlight]] = field(default_factory=dict)  # chunk -> its best sentences (requested)
 
     def doc_ids(self) -> list[str]:
         return [self.index.documents[d].id for d in self.hits.doc.tolist()]

@@ -201,6 +201,10 @@ class RerankConfig:
     1 = the stage alone. ``li_long_query_tokens`` > 0: queries with more query tokens, or that the encoder had
     to cut, take ``li_long_weight`` instead (0: late interaction is skipped for them; :meth:`is_long`). ``li_score``: ``maxsim``
     or ``token_z`` (:func:`rerank.late_interaction.head_scores`; measured, not better: the default stays).
+
+    ``highlight_passages``: how many of a result's first passages a request with ``highlights`` gets its best
+    sentences for (:mod:`retrieval.search.stages.highlights`; with the default pooled token store each costs an
+    encoder pass of the passage: docs/results/highlights.md).
     """
 
     late_interaction: bool = True
@@ -218,6 +222,7 @@ class RerankConfig:
     max_top_k: int = 100
     budget_ms: float = 0.0
     latency_window: int = 200
+    highlight_passages: int = 3
 
     def __post_init__(self) -> None:
         for name in ("li_top_k", "ce_top_k"):
@@ -235,6 +240,8 @@ class RerankConfig:
                 raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
         if self.ce_gate_gap < 0:
             raise ValueError(f"ce_gate_gap must be >= 0 (0 = never skip), got {self.ce_gate_gap}")
+        if not 0 <= self.highlight_passages <= self.max_top_k:
+            raise ValueError(f"highlight_passages must be in [0, {self.max_top_k}], got {self.highlight_passages}")
         if self.li_long_query_tokens < 0:
             raise ValueError(f"li_long_query_tokens must be >= 0 (0 = one weight for every query), "
                              f"got {self.li_long_query_tokens}")

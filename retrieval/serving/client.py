@@ -40,10 +40,12 @@ class ClientOptions:
 
 
 def _request(query: str, top_k: int, tenant: str, filters: Mapping[str, str] | None, stages: Sequence[str] | None,
-             candidates: int, li_top_k: int, ce_top_k: int, bypass_cache: bool = False) -> pb.RetrieveRequest:
+             candidates: int, li_top_k: int, ce_top_k: int, bypass_cache: bool = False,
+             highlights: bool = False) -> pb.RetrieveRequest:
     return pb.RetrieveRequest(query=query, top_k=top_k, tenant=tenant, filters=dict(filters or {}),
                               options=pb.StageOptions(stages=list(stages or ()), candidates=candidates,
-                                                      li_top_k=li_top_k, ce_top_k=ce_top_k), bypass_cache=bypass_cache)
+                                                      li_top_k=li_top_k, ce_top_k=ce_top_k), bypass_cache=bypass_cache,
+                              highlights=highlights)
 
 
 def _channel_args(opts: ClientOptions) -> list[tuple[str, Any]]:
@@ -78,9 +80,10 @@ class RetrieverClient:
 
     def retrieve(self, query: str, top_k: int = 10, *, tenant: str = "", filters: Mapping[str, str] | None = None,
                  stages: Sequence[str] | None = None, candidates: int = 0, li_top_k: int = 0, ce_top_k: int = 0,
-                 bypass_cache: bool = False, timeout: float | None = None) -> pb.RetrieveResponse:
+                 bypass_cache: bool = False, highlights: bool = False,
+                 timeout: float | None = None) -> pb.RetrieveResponse:
         return self._call(self.stub.Retrieve, _request(query, top_k, tenant, filters, stages, candidates, li_top_k,
-                                                       ce_top_k, bypass_cache), timeout)
+                                                       ce_top_k, bypass_cache, highlights), timeout)
 
     def generate(self, query: str, top_k: int = 0, *, max_tokens: int = 0, tenant: str = "",
                  filters: Mapping[str, str] | None = None, stages: Sequence[str] | None = None,
@@ -137,9 +140,10 @@ class AsyncRetrieverClient:
 
     async def retrieve(self, query: str, top_k: int = 10, *, tenant: str = "", filters: Mapping[str, str] | None = None,
                        stages: Sequence[str] | None = None, candidates: int = 0, li_top_k: int = 0, ce_top_k: int = 0,
-                       bypass_cache: bool = False, timeout: float | None = None) -> pb.RetrieveResponse:
+                       bypass_cache: bool = False, highlights: bool = False,
+                       timeout: float | None = None) -> pb.RetrieveResponse:
         return await self._call(self.stub.Retrieve, _request(query, top_k, tenant, filters, stages, candidates,
-                                                             li_top_k, ce_top_k, bypass_cache), timeout)
+                                                             li_top_k, ce_top_k, bypass_cache, highlights), timeout)
 
     def generate(self, query: str, top_k: int = 0, *, max_tokens: int = 0, tenant: str = "",
                  filters: Mapping[str, str] | None = None, stages: Sequence[str] | None = None,

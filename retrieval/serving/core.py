@@ -196,9 +196,12 @@ def to_response(pipeline: Pipeline, result: SearchResult, request_id: str) -> pb
     ranks = _stage_ranks(result, docs)
     for d, s, c in zip(docs, result.hits.scores.tolist(), result.hits.chunk.tolist(), strict=True):
         doc = index.documents[d]
-        passages.append(pb.Passage(doc_id=doc.id, chunk_id=int(c), title=doc.title, text=index.passage(int(c)),
+        text = index.passage(int(c))
+        passages.append(pb.Passage(doc_id=doc.id, chunk_id=int(c), title=doc.title, text=text,
                                    score=float(s), stages=ranks[d], tenant=doc.tenant,
-                                   metadata={k: str(v) for k, v in doc.metadata.items()}))
+                                   metadata={k: str(v) for k, v in doc.metadata.items()},
+                                   highlights=[pb.Highlight(start=h.start, end=h.end, text=text[h.start:h.end],
+                                                            score=h.score) for h in result.highlights.get(c, ())]))
     return pb.RetrieveResponse(
         passages=passages, timings_ms={k: float(v) for k, v in result.timings_ms.items()},
         stages_run=[s for s in result.stages if s != "fused"],
@@ -299,7 +302,8 @@ class ServiceCore:
         return pipeline.resolve(SearchRequest(
             request.query, request.top_k or default_k, Filter.of(request.tenant, dict(request.filters)),
             candidates=opts.candidates or None, stages=tuple(opts.stages) or None, li_top_k=opts.li_top_k or None,
-            ce_top_k=opts.ce_top_k or None, deadline=deadline, use_cache=not request.bypass_cache))
+            ce_top_k=opts.ce_top_k or None, deadline=deadline, use_cache=not request.bypass_cache,
+            highlights=request.highlights))
 
     # ------------------------------------------------------------------ span and metrics
 

@@ -159,3 +159,19 @@ def test_bm25_build_memory_study_smoke(tmp_path):
     entry = read_result(out, "bm25_build_memory")
     assert entry["passages"] == 100 and entry["postings"] > 1000
     assert entry["finish_peak_mib"] >= entry["held_mib"] > 0 and entry["matrix_mib"] > 0
+
+
+def test_highlights_bench_smoke(tmp_path):
+    """Three questions over their man pages (skipped where man pages are not installed)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("man") is None or subprocess.run(["man", "-w", "tar"], capture_output=True).returncode != 0:
+        pytest.skip("man pages are not installed")
+    from bench.highlights import main
+
+    out = tmp_path / "highlights.json"
+    assert main(["--limit", "3", "--distractors", "2", "--repeats", "1", "--json", str(out)]) == 0
+    entry = read_result(out, "highlights")
+    assert entry["questions"] == 3 and 0 <= entry["hit_top3"] <= 1 and entry["latency"]["p50_ratio"] > 0
+    assert entry["storage"] == "pool3+bins" and len(entry["per_question"]) == 3
