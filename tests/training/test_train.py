@@ -72,7 +72,7 @@ def test_training_lowers_the_loss_and_the_export_serves(sample_train, pipeline, 
     for folder in (out, out / "int8"):  # both load in the cascade with no other change
         served = dataclasses.replace(config, cross_encoder=dataclasses.replace(config.cross_encoder, model=str(folder),
                                                                                 max_length=64),
-                                     rerank=dataclasses.replace(config.rerank, cross_encoder=True))
+                                     rerank=dataclasses.replace(config.rerank, cross_encoder=True, ce_gate_gap=0.0))
         from index_builder.models import CrossEncoder
 
         p = Pipeline(sample_index, embedder, served, cross_encoder=CrossEncoder(served.cross_encoder))
