@@ -226,6 +226,54 @@ class DeleteResponse(_message.Message):
     deleted: int
     def __init__(self, sequence: _Optional[int] = ..., deleted: _Optional[int] = ...) -> None: ...
 
+class ListDocumentsRequest(_message.Message):
+    __slots__ = ("tenant", "filters", "after", "limit")
+    class FiltersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    FILTERS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    filters: _containers.ScalarMap[str, str]
+    after: str
+    limit: int
+    def __init__(self, tenant: _Optional[str] = ..., filters: _Optional[_Mapping[str, str]] = ..., after: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class DocumentInfo(_message.Message):
+    __slots__ = ("id", "tenant", "title", "metadata", "sequence")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    tenant: str
+    title: str
+    metadata: _containers.ScalarMap[str, str]
+    sequence: int
+    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., title: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class ListDocumentsResponse(_message.Message):
+    __slots__ = ("documents", "next_after")
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_FIELD_NUMBER: _ClassVar[int]
+    documents: _containers.RepeatedCompositeFieldContainer[DocumentInfo]
+    next_after: str
+    def __init__(self, documents: _Optional[_Iterable[_Union[DocumentInfo, _Mapping]]] = ..., next_after: _Optional[str] = ...) -> None: ...
+
 class RebuildRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -54,6 +54,11 @@ class RetrieverStub:
                 request_serializer=hybridrag_dot_v1_dot_retriever__pb2.DeleteRequest.SerializeToString,
                 response_deserializer=hybridrag_dot_v1_dot_retriever__pb2.DeleteResponse.FromString,
                 _registered_method=True)
+        self.ListDocuments = channel.unary_unary(
+                '/hybridrag.v1.Retriever/ListDocuments',
+                request_serializer=hybridrag_dot_v1_dot_retriever__pb2.ListDocumentsRequest.SerializeToString,
+                response_deserializer=hybridrag_dot_v1_dot_retriever__pb2.ListDocumentsResponse.FromString,
+                _registered_method=True)
         self.Rebuild = channel.unary_unary(
                 '/hybridrag.v1.Retriever/Rebuild',
                 request_serializer=hybridrag_dot_v1_dot_retriever__pb2.RebuildRequest.SerializeToString,
@@ -97,6 +102,14 @@ class RetrieverServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDocuments(self, request, context):
+        """The documents in the store (ids, tenant, title, metadata; no text), in id order, a page at a time: what a
+        client compares with its own copy (hybridrag sync compares each file's metadata content_hash).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Rebuild(self, request, context):
         """Build a new snapshot from the document store now and swap it in (writes go on meanwhile).
         """
@@ -133,6 +146,11 @@ def add_RetrieverServicer_to_server(servicer, server):
                     servicer.Delete,
                     request_deserializer=hybridrag_dot_v1_dot_retriever__pb2.DeleteRequest.FromString,
                     response_serializer=hybridrag_dot_v1_dot_retriever__pb2.DeleteResponse.SerializeToString,
+            ),
+            'ListDocuments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDocuments,
+                    request_deserializer=hybridrag_dot_v1_dot_retriever__pb2.ListDocumentsRequest.FromString,
+                    response_serializer=hybridrag_dot_v1_dot_retriever__pb2.ListDocumentsResponse.SerializeToString,
             ),
             'Rebuild': grpc.unary_unary_rpc_method_handler(
                     servicer.Rebuild,
@@ -253,6 +271,33 @@ class Retriever:
             '/hybridrag.v1.Retriever/Delete',
             hybridrag_dot_v1_dot_retriever__pb2.DeleteRequest.SerializeToString,
             hybridrag_dot_v1_dot_retriever__pb2.DeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDocuments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hybridrag.v1.Retriever/ListDocuments',
+            hybridrag_dot_v1_dot_retriever__pb2.ListDocumentsRequest.SerializeToString,
+            hybridrag_dot_v1_dot_retriever__pb2.ListDocumentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

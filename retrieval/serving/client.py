@@ -106,6 +106,11 @@ class RetrieverClient:
     def delete(self, ids: Sequence[str], tenant: str = "", timeout: float | None = None) -> pb.DeleteResponse:
         return self._call(self.stub.Delete, pb.DeleteRequest(ids=list(ids), tenant=tenant), timeout)
 
+    def list_documents(self, *, tenant: str = "", filters: Mapping[str, str] | None = None, after: str = "",
+                       limit: int = 0, timeout: float | None = None) -> pb.ListDocumentsResponse:
+        request = pb.ListDocumentsRequest(tenant=tenant, filters=dict(filters or {}), after=after, limit=limit)
+        return self._call(self.stub.ListDocuments, request, timeout)
+
     def close(self) -> None:
         self.channel.close()
 
@@ -164,6 +169,11 @@ class AsyncRetrieverClient:
 
     async def delete(self, ids: Sequence[str], tenant: str = "", timeout: float | None = None) -> pb.DeleteResponse:
         return await self._call(self.stub.Delete, pb.DeleteRequest(ids=list(ids), tenant=tenant), timeout)
+
+    async def list_documents(self, *, tenant: str = "", filters: Mapping[str, str] | None = None, after: str = "",
+                             limit: int = 0, timeout: float | None = None) -> pb.ListDocumentsResponse:
+        request = pb.ListDocumentsRequest(tenant=tenant, filters=dict(filters or {}), after=after, limit=limit)
+        return await self._call(self.stub.ListDocuments, request, timeout)
 
     async def close(self) -> None:
         await self.channel.close()

@@ -23,7 +23,7 @@ import numpy as np
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Span, SpanKind, Tracer
 
-from index_builder.corpus import MAX_ID_CHARS, check_tenant
+from index_builder.corpus import MAX_ID_CHARS, check_metadata_key, check_tenant
 from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import (
@@ -151,6 +151,9 @@ class Writer(Protocol):
     def delete(self, ids: Sequence[str], *, tenant: str | None = None, deadline: float | None = None) -> WriteResult: ...
 
     def rebuild(self) -> object: ...
+
+    def list_documents(self, *, tenant: str | None = None, filters: Mapping[str, str] | None = None,
+                       after: str = "", limit: int = MAX_BATCH) -> list[tuple[str, str, str, dict[str, str], int]]: ...
 
     @property
     def view(self) -> WrittenView: ...
@@ -462,6 +465,28 @@ class ServiceCore:
                 raise InvalidRequest(f"id {i} is {len(doc_id)} characters; at most {MAX_ID_CHARS} are allowed")
         result = await self._write(caller, writer.delete, ids, tenant=request.tenant or None)
         return pb.DeleteResponse(sequence=result.seq, deleted=result.count)
+
+    async def list_documents(self, caller: Caller, request: pb.ListDocumentsRequest) -> pb.ListDocumentsResponse:
+        """A page of the store's documents without their text; a key bound to tenants lists only the one it names."""
+        self.authorize(caller, request.tenant)
+        writer = self.writer()
+        limit = request.limit or MAX_BATCH
+        if not 0 < limit <= MAX_BATCH:
+            raise InvalidRequest(f"'limit' must be in [1, {MAX_BATCH}] (0 = {MAX_BATCH}), got {request.limit}")
+        if len(request.after) > MAX_ID_CHARS:
+            raise InvalidRequest(f"'after' is {len(request.after)} characters; ids are at most {MAX_ID_CHARS}")
+        filters = dict(request.filters)
+        for key in filters:
+            try:
+                check_metadata_key(key)
+            except ValueError as e:
+                raise InvalidRequest(str(e)) from None
+        with self.admitted(caller, "read"):
+            rows = await asyncio.get_running_loop().run_in_executor(None, lambda: writer.list_documents(
+                tenant=request.tenant or None, filters=filters, after=request.after, limit=limit))
+        docs = [pb.DocumentInfo(id=i, tenant=t, title=title, metadata=meta, sequence=seq)
+                for i, t, title, meta, seq in rows]
+        return pb.ListDocumentsResponse(documents=docs, next_after=docs[-1].id if len(docs) == limit else "")
 
     async def rebuild(self, caller: Caller) -> pb.RebuildResponse:
         tenants = self.authenticate(caller)

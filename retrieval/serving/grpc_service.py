@@ -150,6 +150,12 @@ class RetrieverService(pb_grpc.RetrieverServicer):
             return await self.core.delete(caller, request)
         return await self._unary("Delete", request, context, body)
 
+    async def ListDocuments(self, request: pb.ListDocumentsRequest,
+                            context: grpc.aio.ServicerContext) -> pb.ListDocumentsResponse:
+        async def body(caller: Caller, request: pb.ListDocumentsRequest, request_id: str) -> pb.ListDocumentsResponse:
+            return await self.core.list_documents(caller, request)
+        return await self._unary("ListDocuments", request, context, body)
+
 
 @dataclass
 class RunningGrpc:

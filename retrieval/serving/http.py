@@ -130,6 +130,28 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
             return await core.delete(caller, body)
         return await door.unary(request, "Delete", work)
 
+    @app.get("/v1/documents", tags=["documents"], responses=ok_spec("ListDocumentsResponse"),
+             summary="List documents, a page at a time, without their text (?tenant=t&filter=key=value&after=id&limit=n)")
+    async def list_documents(request: Request) -> Response:
+        async def work(caller: Caller, request_id: str) -> Message:
+            q = request.query_params
+            unknown = set(q) - {"tenant", "filter", "after", "limit"}
+            if unknown:
+                raise InvalidRequest(f"unknown query parameter(s) {sorted(unknown)}; allowed: "
+                                     "['after', 'filter', 'limit', 'tenant']")
+            body = pb.ListDocumentsRequest(tenant=q.get("tenant", ""), after=q.get("after", ""))
+            try:
+                body.limit = int(q.get("limit", "0"))
+            except ValueError:
+                raise InvalidRequest(f"'limit' must be an integer, got {q.get('limit')!r:.40}") from None
+            for item in q.getlist("filter"):
+                key, sep, value = item.partition("=")
+                if not sep:
+                    raise InvalidRequest(f"'filter' must be KEY=VALUE, got {item!r:.80}")
+                body.filters[key] = value
+            return await core.list_documents(caller, body)
+        return await door.unary(request, "ListDocuments", work)
+
     @app.post("/v1/rebuild", tags=["documents"], responses=ok_spec("RebuildResponse"),
               summary="Build a new snapshot from the document store now (a key for all tenants)")
     async def rebuild(request: Request) -> Response:
