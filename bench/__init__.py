@@ -17,6 +17,8 @@ SCRIPTS: dict[str, tuple[str, str]] = {
     "live": ("bench.live", "the live index: queries during a rebuild, write throughput and visibility, upserts as "
                            "the buffer grows, memory under a write stream"),
     "build": ("bench.build", "the build against the encoder alone on the same passages; a rebuild after edits"),
+    "folder": ("bench.folder", "a folder of real documentation files: read, built, re-run unchanged and after edits, "
+                               "kept in step by sync against a running server; the right file for each question"),
     "ray_build": ("bench.ray_build", "the build on a local Ray cluster against the number of encoder actors, beside "
                                      "the single-process build and the encoder alone"),
     "scale": ("bench.scale", "what the build and the service cost from thousands to a million passages: build time, "

@@ -2,6 +2,7 @@
 timing is asserted). One test per script of ``bench.SCRIPTS`` (the studies' are in test_studies_smoke.py);
 tests/bench/test_inventory.py checks that none is missing."""
 
+import json
 import shutil
 
 import pytest
@@ -260,3 +261,33 @@ def test_ray_build_bench_smoke(tmp_path):
     floor, local, one = entry["encoder"], entry["local"], entry["ray"]["1"]
     assert floor["passages"] == local["chunks"] == one["chunks"] > 30
     assert one["passages_per_s"] > 0 and one["x_local"] > 0 and one["x_first"] == 1.0
+
+
+def test_folder_bench_smoke(tmp_path):
+    """The folder bench on a tiny folder of the sample corpus's passages as files (the questions name two)."""
+    from bench.folder import main
+
+    rows = [json.loads(line) for line in (SAMPLE / "corpus.jsonl").read_text(encoding="utf-8").splitlines()]
+    root = tmp_path / "root"
+    for i, r in enumerate(rows[:12]):
+        kind = ("md", "txt", "html")[i % 3]
+        path = root / r["metadata"]["topic"] / f"{r['_id']}.{kind}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = (r["text"] + "\n\n") * 4  # over the bench's 1 KB floor for sampled files
+        path.write_text(f"<h1>{r['title']}</h1><p>{body}</p>" if kind == "html" else f"# {r['title']}\n\n{body}",
+                        encoding="utf-8")
+    first, second = rows[0], rows[1]
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps({"doc_root": str(root), "questions": [
+        {"id": "a", "file": f"{first['metadata']['topic']}/{first['_id']}.md", "question": first["title"],
+         "answer": first["text"].split()[0]},
+        {"id": "b", "file": f"{second['metadata']['topic']}/{second['_id']}.txt", "question": second["title"],
+         "answer": second["text"].split()[0]}]}), encoding="utf-8")
+    out = tmp_path / "folder.json"
+    assert main(["--questions", str(questions), "--files", "10", "--changed", "2", "--json", str(out)]) == 0
+    entry = read_result(out, "folder")
+    assert entry["build"]["summary"]["added"] == 10 and entry["rerun_unchanged"]["embedded"] == 0
+    assert entry["rerun_edited"]["summary"] == {"added": 2, "updated": 2, "deleted": 2, "unchanged": 6, "skipped": 0}
+    assert entry["quality"]["questions"] == 2 and entry["quality"]["hit_at_3"] >= 1
+    assert entry["sync"]["sync"]["summary"]["updated"] == 2 and entry["sync"]["edited_found_at_1"] == "2/2"
+    assert entry["sync"]["sync_unchanged"]["summary"]["unchanged"] >= 8
