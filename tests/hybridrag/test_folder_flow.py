@@ -5,8 +5,10 @@ Delete) and listed over HTTP. Real files, the real model, a real server on loopb
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -91,6 +93,25 @@ def test_sync_keeps_a_running_server_in_step_with_a_folder(tmp_path):
             page = c.list_documents(after="guides/report.pdf", limit=2)
             assert [d.id for d in page.documents] == ["guides/space/stars.md", "notes/README"]
             assert page.next_after == "notes/README"
+
+        watch = subprocess.Popen([sys.executable, "-m", "hybridrag", "sync", str(root), "--server", server.target,
+                                  "--watch", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 cwd=REPO)
+        try:  # --watch: a file written while it polls is upserted, one deleted is deleted
+            (root / "notes" / "watched.md").write_text("# Watched\n\n" + p["astro-006"]["text"], encoding="utf-8")
+            (root / "notes" / "new.md").unlink()
+            deadline = time.monotonic() + 120
+            with RetrieverClient(server.target, ClientOptions(timeout=60)) as c:
+                while time.monotonic() < deadline:
+                    ids = [d.id for d in c.list_documents(filters={"source": "docs"}).documents]
+                    if "notes/watched.md" in ids and "notes/new.md" not in ids:
+                        break
+                    time.sleep(0.5)
+                assert "notes/watched.md" in ids and "notes/new.md" not in ids
+        finally:
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(30) == 0, watch.stdout.read()
+        assert "added 1, updated 0, deleted 1" in watch.stdout.read()
 
         listed = httpx.get(url + "/v1/documents",
                            params={"filter": "ext=pdf", "limit": "10"}, timeout=30).json()
