@@ -90,12 +90,20 @@ def encode_passages(embedder: Embedder, token_encoder: TokenEncoder | None, stor
     return enc.embeddings, store
 
 
+def store_groups(store: TokenStore | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """A pooled store's (groups, group offsets), what a checkpoint keeps beside its vectors (None otherwise)."""
+    if store is None or store.groups is None or store.group_offsets is None:
+        return None
+    return store.groups, store.group_offsets
+
+
 def checkpoint(work: BuildWork, keys: np.ndarray, vectors: np.ndarray, store: TokenStore | None,
                 storage: str) -> Source:
     """One batch of encodings written to the build's work folder (atomically), as a source."""
     try:
         seg = work.write(keys, vectors, None if store is None else store.vectors,
-                         None if store is None else store.offsets, None if store is None else store.scales)
+                         None if store is None else store.offsets, None if store is None else store.scales,
+                         store_groups(store))
     except OSError as e:
         raise SnapshotError(f"cannot write the build's checkpoint under {work.folder}: {e.strerror or e}") from None
     seg.storage = storage

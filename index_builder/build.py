@@ -125,7 +125,8 @@ def snapshot_source(snap: LoadedSnapshot, identity: bytes) -> Source | None:
     has_tokens = snap.token_vectors is not None and snap.token_offsets is not None
     return Source(f"snapshot {snap.path.name}", np.asarray(keys), snap.vectors, snap.token_vectors,
                   None if snap.token_offsets is None else np.asarray(snap.token_offsets), snap.token_scales,
-                  storage=str((tokens or {}).get("dtype", "int8")) if has_tokens else "")
+                  storage=str((tokens or {}).get("dtype", "int8")) if has_tokens else "",
+                  token_groups=snap.token_groups, token_group_offsets=snap.token_group_offsets)
 
 
 def _current_source(root: Path, identity: bytes) -> Source | None:
@@ -453,7 +454,34 @@ def _assemble_tokens(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, s
     if ts is not None:
         writer.flush_array("token_scales.npy", ts)
     writer.save_array("token_offsets.npy", offsets)
+    _assemble_groups(writer, src, row, sources)
     return total
+
+
+def _assemble_groups(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, sources: Sources) -> None:
+    """A pooled store's groups (each original token's pooled row) in chunk order, when every source keeps them
+    (a source from before they were stored has none: the snapshot then has none, and its highlights and the
+    cross-encoder's windows encode the passage again)."""
+    used = [sources.sources[s] for s in np.unique(src).tolist()]
+    if not used or any(s.token_groups is None or s.token_group_offsets is None for s in used):
+        return
+    lengths = np.zeros(len(src), dtype=np.int64)
+    for s in np.unique(src).tolist():
+        sel = np.flatnonzero(src == s)
+        go = sources.sources[s].token_group_offsets
+        assert go is not None
+        lengths[sel] = go[row[sel] + 1] - go[row[sel]]
+    offsets = np.zeros(len(src) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    dtype = np.result_type(*[s.token_groups.dtype for s in used])
+    groups = writer.open_array("token_groups.npy", dtype, (int(offsets[-1]),))
+    for i in range(len(src)):
+        s = sources.sources[int(src[i])]
+        go = s.token_group_offsets
+        assert go is not None
+        groups[offsets[i]:offsets[i + 1]] = s.token_groups[int(go[row[i]]):int(go[row[i] + 1])]
+    writer.flush_array("token_groups.npy", groups)
+    writer.save_array("token_group_offsets.npy", offsets)
 
 
 def rebuild_token_vectors(root: Path, token_encoder: TokenEncoder | None, storage: str, *, out: Path | None = None,

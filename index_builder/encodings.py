@@ -10,7 +10,8 @@ the chunks no source holds; a rebuild of the live index embeds nothing (every wr
 a resumed build embeds only what the killed one had not written.
 
 Arrays per source: ``keys`` (S16 [n]), ``vectors`` (float32 [n, dim], may be memory-mapped), and the token store's
-``token_vectors`` [T, tdim], ``token_offsets`` [n + 1] and optional ``token_scales`` [T]. Lookups sort each
+``token_vectors`` [T, tdim], ``token_offsets`` [n + 1] and optional ``token_scales`` [T] (and, for a pooled store,
+``token_groups`` with ``token_group_offsets``: each original token's pooled row). Lookups sort each
 source's keys once: 24 bytes per chunk.
 """
 
@@ -61,6 +62,8 @@ class Source:
     token_offsets: np.ndarray | None = None
     token_scales: Any = None
     storage: str = ""  # the token vectors' storage (int8, float16, a codec spec); "" when it holds none
+    token_groups: Any = None  # a pooled store's token -> pooled row (uint8 [tokens before pooling])
+    token_group_offsets: np.ndarray | None = None
     _order: np.ndarray | None = field(default=None, repr=False)
     _sorted: np.ndarray | None = field(default=None, repr=False)
 
@@ -131,10 +134,11 @@ class BuildWork:
         return [load_segment(p) for p in self.segments]
 
     def write(self, keys: np.ndarray, vectors: np.ndarray, token_vectors: np.ndarray | None,
-              token_offsets: np.ndarray | None, token_scales: np.ndarray | None) -> Source:
+              token_offsets: np.ndarray | None, token_scales: np.ndarray | None,
+              groups: tuple[np.ndarray, np.ndarray] | None = None) -> Source:
         """Write one segment (atomically) and return it as a source."""
         final = write_segment(self.folder, f"seg-{len(self.segments) + 1:06d}", keys, vectors, token_vectors,
-                              token_offsets, token_scales)
+                              token_offsets, token_scales, groups)
         self.segments.append(final)
         return load_segment(final)
 
@@ -149,7 +153,8 @@ def segment_name(keys: np.ndarray) -> str:
 
 
 def write_segment(folder: Path, name: str, keys: np.ndarray, vectors: np.ndarray, token_vectors: np.ndarray | None,
-                  token_offsets: np.ndarray | None, token_scales: np.ndarray | None) -> Path:
+                  token_offsets: np.ndarray | None, token_scales: np.ndarray | None,
+                  groups: tuple[np.ndarray, np.ndarray] | None = None) -> Path:
     """Write segment ``folder/name`` atomically: its arrays fsynced in a temporary folder of this process, renamed
     into place. A segment already complete under that name is kept (a retried writer made the same one)."""
     folder = Path(folder)
@@ -165,6 +170,8 @@ def write_segment(folder: Path, name: str, keys: np.ndarray, vectors: np.ndarray
         arrays |= {"token_vectors": token_vectors, "token_offsets": token_offsets.astype(np.int64)}
         if token_scales is not None:
             arrays["token_scales"] = np.asarray(token_scales)  # float32 (int8), float16 (a codec)
+        if groups is not None:
+            arrays["token_groups"], arrays["token_group_offsets"] = groups[0], groups[1].astype(np.int64)
     for array_name, a in arrays.items():
         with open(tmp / f"{array_name}.npy", "wb") as f:
             np.save(f, a)
@@ -188,8 +195,11 @@ def load_segment(folder: Path) -> Source:
         return np.load(p, mmap_mode="r") if p.is_file() else None
 
     offsets = opt("token_offsets")
+    group_offsets = opt("token_group_offsets")
     return Source(folder.name, np.load(folder / "keys.npy"), np.load(folder / "vectors.npy", mmap_mode="r"),
-                  opt("token_vectors"), None if offsets is None else np.asarray(offsets), opt("token_scales"))
+                  opt("token_vectors"), None if offsets is None else np.asarray(offsets), opt("token_scales"),
+                  token_groups=opt("token_groups"),
+                  token_group_offsets=None if group_offsets is None else np.asarray(group_offsets))
 
 
 def _remove_tree(path: Path) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from index_builder.batch_work import Prepared, Preparer, encode_passages, identity_of
+from index_builder.batch_work import Prepared, Preparer, encode_passages, identity_of, store_groups
 from index_builder.encodings import BuildWork, Source, load_segment, segment_name, write_segment
 from index_builder.errors import SnapshotError
 from index_builder.settings import BuildConfig
@@ -98,7 +98,8 @@ class _Encoder:
         if not (Path(folder) / name / "done").is_file():  # a retry after the segment was written
             vectors, store = encode_passages(self.embedder, self.token_encoder, self.storage, passages)
             write_segment(Path(folder), name, keys, vectors, None if store is None else store.vectors,
-                          None if store is None else store.offsets, None if store is None else store.scales)
+                          None if store is None else store.offsets, None if store is None else store.scales,
+                          store_groups(store))
         return name, time.perf_counter() - t
 
 

@@ -16,6 +16,8 @@ Layout of an index root::
                                       (rerank/token_codes.py, e.g. pool3+bins: uint8 [pooled vectors, tdim/8])
         token_offsets.npy             int64 [chunks + 1]: chunk i owns rows offsets[i]:offsets[i+1]
         token_scales.npy              per-vector scales: float32 [tokens] for int8, float16 for a codec that has them
+        token_groups.npy              a pooled store: uint8 [tokens before pooling], each token's pooled row in its chunk
+        token_group_offsets.npy       int64 [chunks + 1]: chunk i's tokens before pooling are groups[o[i]:o[i+1]]
         chunk_keys.npy                S16 [chunks]: what each chunk's vectors encode (model identity + passage), so
                                       a later build reuses them instead of embedding again (index_builder/encodings.py)
         manifest.json                 written last: format version, counts, models, settings, sha256 of every file
@@ -340,6 +342,8 @@ class LoadedSnapshot:
     dense_error: str | None = None
     token_scales: Any = None  # a RowFile too
     chunk_keys: np.ndarray | None = None  # S16 [chunks], memory-mapped (snapshots before format 1.1: None)
+    token_groups: Any = None  # a pooled store's token -> pooled row (a RowFile), with its offsets; else None
+    token_group_offsets: np.ndarray | None = None
 
     @property
     def generation(self) -> int:
@@ -432,9 +436,13 @@ def load_snapshot(root: Path, *, expected: dict[str, Any] | None = None, checksu
         token_offsets = np.load(path / "token_offsets.npy")
         if (path / "token_scales.npy").is_file():
             token_scales = RowFile(path / "token_scales.npy")
+    token_groups = token_group_offsets = None
+    if (path / "token_groups.npy").is_file() and (path / "token_group_offsets.npy").is_file():
+        token_groups = RowFile(path / "token_groups.npy")
+        token_group_offsets = np.load(path / "token_group_offsets.npy")
     chunk_keys = np.load(path / "chunk_keys.npy", mmap_mode="r") if (path / "chunk_keys.npy").is_file() else None
     counts = manifest["counts"]
     if len(documents) != counts["documents"] or len(chunks) != counts["chunks"]:
         raise SnapshotError(f"snapshot {path}: counts differ from the manifest ({counts})")
     return LoadedSnapshot(path, manifest, documents, chunks, bm25, vectors, hnsw, token_vectors, token_offsets,
-                          dense_error, token_scales, chunk_keys)
+                          dense_error, token_scales, chunk_keys, token_groups, token_group_offsets)

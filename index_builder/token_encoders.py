@@ -218,12 +218,15 @@ def make_token_encoder(config: TokenEncoderConfig, embedder: Embedder) -> TokenE
 class TokenStore:
     """Token vectors back to back: ``vectors`` [T, d] (float16, or int8 with ``scales`` [T]; for a codec
     ``storage``, its codes [T, B] and scales), ``offsets`` [passages + 1] (passage i owns rows
-    ``offsets[i]:offsets[i+1]``; with a pooling codec T counts pooled vectors)."""
+    ``offsets[i]:offsets[i+1]``; with a pooling codec T counts pooled vectors, and ``groups`` [tokens before
+    pooling] with ``group_offsets`` [passages + 1] give each original token's pooled row)."""
 
     vectors: np.ndarray
     offsets: np.ndarray
     scales: np.ndarray | None = None
     storage: str = "int8"
+    groups: np.ndarray | None = None
+    group_offsets: np.ndarray | None = None
 
     @classmethod
     def from_lists(cls, per_passage: Sequence[np.ndarray], dim: int, storage: str) -> TokenStore:
@@ -241,7 +244,7 @@ class TokenStore:
 
         storage = check_storage(storage)
         codes = TokenCodec(CodecSpec.parse(storage), dim).encode_passages(flat, offsets)
-        return cls(codes.codes, codes.offsets, codes.scales, storage)
+        return cls(codes.codes, codes.offsets, codes.scales, storage, codes.groups, codes.group_offsets)
 
     def floats(self, passage: int) -> np.ndarray:
         """One passage's token vectors as float32 [t, d]: what a store of another storage is made from
@@ -257,4 +260,5 @@ class TokenStore:
 
     @property
     def nbytes(self) -> int:
-        return int(self.vectors.nbytes + self.offsets.nbytes + (0 if self.scales is None else self.scales.nbytes))
+        return int(self.vectors.nbytes + self.offsets.nbytes + sum(
+            a.nbytes for a in (self.scales, self.groups, self.group_offsets) if a is not None))

@@ -61,14 +61,19 @@ class LateInteractionReranker:
     """MaxSim over the candidate chunks' stored token vectors: ``vectors`` [T, d] float16, or int8 with per-vector
     ``scales`` [T] (``storage`` ``float16`` / ``int8``), or the codes of a compact store (``storage`` a codec spec
     of :mod:`rerank.token_codes` such as ``pool3+bins``: packed codes [T, B], ``scales`` [T] where the codec has
-    them, scored on the codes); ``offsets`` [chunks + 1]. Any array may be a memmap: only the head's rows are read."""
+    them, scored on the codes); ``offsets`` [chunks + 1]. A pooled store may give ``groups`` with ``group_offsets``
+    (each original token's pooled row, :class:`rerank.token_codes.TokenCodes`): then :meth:`token_sims` has
+    positions. Any array may be a memmap: only the head's rows are read."""
 
     def __init__(self, vectors: np.ndarray, offsets: np.ndarray, scales: np.ndarray | None = None,
-                 storage: str = "int8") -> None:
+                 storage: str = "int8", groups: np.ndarray | None = None,
+                 group_offsets: np.ndarray | None = None) -> None:
         self.vectors = vectors
         self.offsets = offsets
         self.scales = scales
         self.storage = storage
+        self.groups = groups
+        self.group_offsets = group_offsets
         self.codec = stored_codec(storage, int(vectors.shape[1])) if vectors.ndim == 2 else None
         self.pooled = pooled(storage)
         self._codes = None if self.codec is None else TokenCodes(vectors, offsets, scales)
@@ -101,14 +106,21 @@ class LateInteractionReranker:
 
     def token_sims(self, query_tokens: np.ndarray, chunk: int) -> np.ndarray | None:
         """Every stored token of ``chunk`` against every query token: float32 [t, q] (the input of
-        :func:`rerank.windows.best_window`); None for a pooled store, whose vectors stand for clusters of tokens
-        and have no positions (a window cannot be placed)."""
-        if self.pooled:
+        :func:`rerank.windows.best_window` and of highlights). A pooled store gives each original token its pooled
+        row's similarities, through the groups kept at build; without them (a store from before they were kept)
+        None: its vectors stand for clusters of tokens and have no positions."""
+        if self.pooled and (self.groups is None or self.group_offsets is None):
             return None
         if self.codec is not None:
             assert self._codes is not None
             lo, hi = int(self.offsets[chunk]), int(self.offsets[chunk + 1])
-            return self.codec.similarities(np.asarray(query_tokens, dtype=np.float32), self._codes, np.arange(lo, hi))
+            sims = self.codec.similarities(np.asarray(query_tokens, dtype=np.float32), self._codes, np.arange(lo, hi))
+            if self.pooled:
+                assert self.groups is not None and self.group_offsets is not None
+                g = np.asarray(self.groups[int(self.group_offsets[chunk]):int(self.group_offsets[chunk + 1])],
+                               dtype=np.int64)
+                return sims[g]
+            return sims
         return self.decoded(chunk) @ np.asarray(query_tokens, dtype=np.float32).T
 
     def rerank(self, query_tokens: np.ndarray, chunks: np.ndarray, top_k: int, weight: float = 1.0,

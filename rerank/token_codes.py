@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from rerank.token_pooling import POOL_METHODS, pool_tokens
+from rerank.token_pooling import POOL_METHODS, pool_tokens, pool_tokens_grouped
 
 QUANTS = ("int8", "int4", "bin", "bins", "res1", "res2")
 DEFAULT_CENTROIDS = 1024
@@ -125,12 +125,17 @@ class TokenCodes:
     """A coded token store: ``codes`` [T, B] (int8 for ``int8``, packed uint8 otherwise), ``offsets`` int64
     [n + 1] (passage i owns rows ``offsets[i]:offsets[i + 1]``), ``scales`` [T] (float32 for ``int8``, float16 for
     ``int4`` / ``bins``) or None, ``ids`` [T] (uint8 up to 256 centroids, else uint16; ``res*`` with k > 1) or None.
-    Any array may be a memmap."""
+    A pooled store also keeps ``groups`` (uint8 [tokens before pooling]: each original token's row among its
+    passage's pooled rows) with ``group_offsets`` [n + 1], so a pooled row's similarity can be given back to the
+    tokens it stands for (:meth:`rerank.late_interaction.LateInteractionReranker.token_sims`). Any array may be a
+    memmap."""
 
     codes: np.ndarray
     offsets: np.ndarray
     scales: np.ndarray | None = None
     ids: np.ndarray | None = None
+    groups: np.ndarray | None = None
+    group_offsets: np.ndarray | None = None
 
     @property
     def passages(self) -> int:
@@ -143,7 +148,8 @@ class TokenCodes:
     @property
     def nbytes(self) -> int:
         """Bytes of every array (codes, offsets, scales, ids)."""
-        return int(sum(a.nbytes for a in (self.codes, self.offsets, self.scales, self.ids) if a is not None))
+        return int(sum(a.nbytes for a in (self.codes, self.offsets, self.scales, self.ids, self.groups,
+                                          self.group_offsets) if a is not None))
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The arrays to save (``np.save(f"{name}.npy", a)`` each); :meth:`from_arrays` reads them back."""
@@ -152,12 +158,16 @@ class TokenCodes:
             out["token_scales"] = self.scales
         if self.ids is not None:
             out["token_centroid_ids"] = self.ids
+        if self.groups is not None and self.group_offsets is not None:
+            out["token_groups"], out["token_group_offsets"] = self.groups, self.group_offsets
         return out
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> TokenCodes:
+        go = arrays.get("token_group_offsets")
         return cls(arrays["token_codes"], np.asarray(arrays["token_offsets"], dtype=np.int64),
-                   arrays.get("token_scales"), arrays.get("token_centroid_ids"))
+                   arrays.get("token_scales"), arrays.get("token_centroid_ids"), arrays.get("token_groups"),
+                   None if go is None else np.asarray(go, dtype=np.int64))
 
     @classmethod
     def concat(cls, parts: Sequence[TokenCodes]) -> TokenCodes:
@@ -183,7 +193,16 @@ class TokenCodes:
             return np.concatenate([np.asarray(a) for a in arrays])
         codes = cat("codes")
         assert codes is not None
-        return cls(codes, np.concatenate(offsets), cat("scales"), cat("ids"))
+        group_offsets = None
+        if all(p.groups is not None and p.group_offsets is not None for p in parts):
+            group_offsets, base = [np.zeros(1, np.int64)], 0
+            for p in parts:
+                assert p.group_offsets is not None
+                group_offsets.append(np.asarray(p.group_offsets[1:], dtype=np.int64) + base)
+                base += int(p.group_offsets[-1])
+            group_offsets = np.concatenate(group_offsets)
+        return cls(codes, np.concatenate(offsets), cat("scales"), cat("ids"),
+                   cat("groups") if group_offsets is not None else None, group_offsets)
 
     def rows(self, head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The token rows of passages ``head`` (int [h]), back to back, and each passage's token count: (int64
@@ -438,10 +457,13 @@ class TokenCodec:
         coded: the store of ``n`` passages."""
         offsets = np.asarray(offsets, dtype=np.int64)
         if self.spec.pool > 1:
-            vectors, offsets = pool_tokens(vectors, offsets, self.spec.pool, self.spec.pool_method)
-        else:
-            vectors = np.asarray(vectors[offsets[0]:offsets[-1]], dtype=np.float32)
-            offsets = offsets - offsets[0]
+            group_offsets = (offsets - offsets[0]).astype(np.int64)
+            vectors, offsets, groups = pool_tokens_grouped(vectors, offsets, self.spec.pool, self.spec.pool_method)
+            small = len(groups) == 0 or int(groups.max()) < 256
+            return replace(self.encode(vectors), offsets=offsets.astype(np.int64),
+                           groups=groups.astype(np.uint8 if small else np.uint16), group_offsets=group_offsets)
+        vectors = np.asarray(vectors[offsets[0]:offsets[-1]], dtype=np.float32)
+        offsets = offsets - offsets[0]
         return replace(self.encode(vectors), offsets=offsets.astype(np.int64))
 
     def decode(self, codes: TokenCodes, rows: np.ndarray | None = None) -> np.ndarray:

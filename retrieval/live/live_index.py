@@ -260,7 +260,8 @@ def buffer_sources(state: BufferState, identity: bytes) -> list[Source]:
 
 
 def _segment_late(tokens: TokenStore) -> LateInteractionReranker:
-    return LateInteractionReranker(tokens.vectors, tokens.offsets, tokens.scales, tokens.storage)
+    return LateInteractionReranker(tokens.vectors, tokens.offsets, tokens.scales, tokens.storage, tokens.groups,
+                                   tokens.group_offsets)
 
 
 class _LiveLate:

@@ -60,7 +60,8 @@ class SearchIndex:
         self.late: LateInteractionReranker | None = None
         if snapshot.token_vectors is not None and snapshot.token_offsets is not None:
             self.late = LateInteractionReranker(snapshot.token_vectors, snapshot.token_offsets, snapshot.token_scales,
-                                                str((self.token_encoder or {}).get("dtype", "int8")))
+                                                str((self.token_encoder or {}).get("dtype", "int8")),
+                                                snapshot.token_groups, snapshot.token_group_offsets)
         self.doc_index = {d.id: i for i, d in enumerate(self.documents)}
 
     @classmethod

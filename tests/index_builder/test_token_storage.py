@@ -51,7 +51,18 @@ def test_a_compact_build_is_smaller_and_scores_on_its_codes(tmp_path, config, em
     query = embedder.encode(["how do bees find flowers"], with_tokens=True).token_vectors[0]
     head = np.arange(20)
     np.testing.assert_array_equal(index.late.scores(query, head), codec.maxsim(query, codes, head))
-    assert index.late.token_sims(query, 0) is None  # pooled: no windows for the cross-encoder
+    # pooled, but each original token keeps its pooled row (the groups): token similarities with positions, one
+    # row per token of the int8 store, each its pooled row's (the cross-encoder's windows, highlights)
+    assert snap.token_groups is not None and np.array_equal(np.diff(snap.token_group_offsets), n_int8)
+    for chunk in (0, 7, 42):
+        sims = index.late.token_sims(query, chunk)
+        pooled = codec.similarities(query, codes, np.arange(snap.token_offsets[chunk], snap.token_offsets[chunk + 1]))
+        groups = np.asarray(snap.token_groups[snap.token_group_offsets[chunk]:snap.token_group_offsets[chunk + 1]])
+        assert sims.shape == (n_int8[chunk], len(query)) and set(groups.tolist()) == set(range(n_compact[chunk]))
+        np.testing.assert_array_equal(sims, pooled[groups])
+    # a store written before the groups were kept has no positions: None, and the stages encode the passage
+    old = LateInteractionReranker(snap.token_vectors, snap.token_offsets, snap.token_scales, "pool3+bins")
+    assert old.token_sims(query, 0) is None
     # the codes stand for unit-ish vectors near the int8 store's pooled ones: MaxSim correlates with int8's
     full = SearchIndex(load_snapshot(tmp_path / "int8"), config).late
     corr = np.corrcoef(full.scores(query, np.arange(100)), index.late.scores(query, np.arange(100)))[0, 1]

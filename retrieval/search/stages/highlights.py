@@ -2,11 +2,12 @@
 sentences that late interaction's token similarities point at (:func:`rerank.highlights.highlight_sentences`), as
 character spans of the passage text the response returns.
 
-Where the similarities come from: an index whose stored token vectors keep their positions (``int8``, ``float16``,
-unpooled codes) gives them at once (``late.token_sims``, the same matrix the cross-encoder's windows use); the
-default store pools three tokens into one vector (``pool3+bins``) and has no positions, so there (and on an engine,
-which scores in place) the returned passages are encoded again, one batched encoder pass (the embedder's own token
-states: the very vectors the store was made from, before pooling). Highlights need the embedder's own token vectors
+Where the similarities come from: the index's stored token vectors (``late.token_sims``, the same matrix the
+cross-encoder's windows use): every token's own where the store keeps them all (``int8``, ``float16``, unpooled
+codes); in the default store, which pools three tokens into one vector (``pool3+bins``), each token gets its pooled
+vector's similarities through the groups kept at build (each token's pooled row). A store without positions (a
+pooled one built before the groups were kept) and an engine, which scores in place, have none: there the returned
+passages are encoded again, one batched encoder pass (the embedder's own token states). Highlights need the embedder's own token vectors
 (a separate ColBERT encoder's pieces carry markers the offsets do not) and a passage that late interaction scored
 for this request; otherwise a passage has none, and the request does not fail.
 """

@@ -105,19 +105,17 @@ QUERY = "How do honeybees tell the hive where the nectar is?"
 
 @pytest.mark.skipif(not CE_MODEL.is_dir(), reason="../shared/models/ce-minilm-l6-beir-train is absent")
 def test_cross_encoder_windows_are_the_best_maxsim_span_of_each_passage(int8_index, sample_index, embedder, config):
-    """Windows need token positions: an index storing every token (int8) places them; over the default pooled
-    store the whole passages are scored."""
+    """Windows need token positions: an index storing every token (int8) places them, and so does the default
+    pooled store through the groups it keeps (each token's pooled row); a store without positions scores the
+    whole passages."""
     from rerank.windows import best_window
 
     tokens = embedder.encode([QUERY], with_tokens=True).token_vectors[0].astype(np.float32)
-    pooled = _cascade(sample_index, embedder, config, ce_window_tokens=12)
-    try:
-        chunks = pooled.search(QUERY, k=10, stages=FULL, ce_top_k=3).stages["late_interaction"].chunk[:3]
-        assert pooled.ce_stage.passages(pooled.index, chunks, tokens, 12) == \
-            [pooled.index.passage_with_title(int(c)) for c in chunks]
-    finally:
-        pooled.close()
-    p = _cascade(int8_index, embedder, config, ce_window_tokens=12)
+    for index in (sample_index, int8_index):
+        check_windows(_cascade(index, embedder, config, ce_window_tokens=12), tokens, embedder, best_window)
+
+
+def check_windows(p, tokens, embedder, best_window):
     try:
         res = p.search(QUERY, k=10, stages=FULL, ce_top_k=3)
         chunks = res.stages["late_interaction"].chunk[:3]

@@ -1,6 +1,6 @@
 """Highlights (issue 43): the sentence late interaction's token similarities point at, on the real model and the
-sample index: the default pooled store (passages encoded again) and the int8 store (similarities from the stored
-vectors) give the answering sentence; off means none; a cached result gets this query's; gRPC and HTTP return
+sample index: the default pooled store (each token its pooled vector's similarities, through the groups kept at
+build) and the int8 store (every token's own) give the answering sentence; off means none; a cached result gets this query's; gRPC and HTTP return
 them; a passage written to the live buffer gets them too."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_the_highlight_is_the_answering_sentence(request, which):
 
 
 def test_both_stores_agree(pipeline, int8_pipeline):
-    """The pooled store's re-encoded similarities and the int8 store's stored ones pick the same sentence."""
+    """The pooled store's similarities (by group) and the int8 store's (by token) pick the same sentence."""
     for q in ["What is the Great Red Spot?", QUERY]:
         a = _first(pipeline.search(q, 3, highlights=True, use_cache=False))
         b = _first(int8_pipeline.search(q, 3, highlights=True, use_cache=False))
