@@ -13,7 +13,7 @@ temporary folder (never into the repository). Then, each command in its own proc
    (the issue's user saw 10 of 10 in the top 3); with ``highlights`` where the request offers them, whether the
    top passage's highlight holds the answer string;
 6. **sync**: ``build --store`` then ``serve --store``; the same edits again, ``hybridrag sync DIR``: its seconds
-   as a fraction of (2), and the edited text found at rank 1 once it returns.
+   as a fraction of (2), and each edited file's new text served (its file's passages) once it returns.
 
     python -m bench.folder [--files 400] [--changed 10] [--seed 0] [--json results/folder/folder.json]
 """
@@ -202,11 +202,12 @@ def sync_part(work: Path, folder: Path, chosen: list[str], spares: list[str], do
         out["sync"] = measured(sync, work, "sync")
         out["sync_over_build"] = ratio(out["sync"]["seconds"], build_seconds)
         with RetrieverClient(server.target, ClientOptions(timeout=60)) as c:
-            hits = 0
+            hits = 0  # each edited file's new sentence is served at once (its file's passages, by its path)
             for i, rel in enumerate(edits["edited"]):
-                top = c.retrieve(f"--frobnicateb{i}", top_k=1).passages
-                hits += bool(top) and top[0].doc_id == rel
-            out["edited_found_at_1"] = f"{hits}/{len(edits['edited'])}"
+                top = c.retrieve(f"Release note b{i}: the option --frobnicateb{i} was added here", top_k=3,
+                                 filters={"path": rel}).passages
+                hits += any(f"--frobnicateb{i}" in p.text for p in top)
+            out["edited_found"] = f"{hits}/{len(edits['edited'])}"
             gone = [d for d in edits["deleted"]
                     if d in [x.id for x in c.list_documents(after=d[:-1] if d else "", limit=5).documents]]
             out["deleted_still_listed"] = len(gone)

@@ -289,5 +289,5 @@ def test_folder_bench_smoke(tmp_path):
     assert entry["build"]["summary"]["added"] == 10 and entry["rerun_unchanged"]["embedded"] == 0
     assert entry["rerun_edited"]["summary"] == {"added": 2, "updated": 2, "deleted": 2, "unchanged": 6, "skipped": 0}
     assert entry["quality"]["questions"] == 2 and entry["quality"]["hit_at_3"] >= 1
-    assert entry["sync"]["sync"]["summary"]["updated"] == 2 and entry["sync"]["edited_found_at_1"] == "2/2"
+    assert entry["sync"]["sync"]["summary"]["updated"] == 2 and entry["sync"]["edited_found"] == "2/2"
     assert entry["sync"]["sync_unchanged"]["summary"]["unchanged"] >= 8
