@@ -19,7 +19,8 @@ idle). Reported:
 Usage::
 
     python -m bench.highlights                       # all questions, the served defaults (pool3+bins)
-    python -m bench.highlights --storage int8        # token vectors with positions: no encoder pass
+    python -m bench.highlights --storage int8        # every token's own stored vector
+    python -m bench.highlights --exact               # the passages encoded again: every token's exact state
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = load_config(environ={})
     if args.storage:
         config = with_sections(config, late_interaction={"storage": args.storage})
+    if args.exact:
+        config = with_sections(config, rerank={"highlight_exact": True})
     docs, missing = documents(questions, distractors)
     questions = [q for q in questions if q["page"] not in missing]
     embedder = Embedder(config.embedder)
@@ -135,7 +138,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     on, off = percentiles(on_ms), percentiles(off_ms)
     return {"questions": n, "documents": len(docs), "chunks": summary.chunks, "missing_pages": missing,
-            "storage": config.late_interaction.storage, "k": args.k,
+            "storage": config.late_interaction.storage, "k": args.k, "exact": config.rerank.highlight_exact,
             "highlight_passages": config.rerank.highlight_passages, "build_s": round(build_s, 1),
             "page_top1": rate(outcomes, "page_top1"), "page_top3": rate(outcomes, "page_top3"),
             "answer_passage_top3": rate(outcomes, "answer_passage_top3"),
@@ -155,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="the first N questions (0: all)")
     ap.add_argument("--distractors", type=int, default=1000, help="at most N of the file's distractor pages")
     ap.add_argument("--storage", default="", help="[late_interaction] storage (default: the served default)")
+    ap.add_argument("--exact", action="store_true",
+                    help="[rerank] highlight_exact: the passages encoded again (every token's own similarities)")
     ap.add_argument("--k", type=int, default=5, help="passages per request")
     ap.add_argument("--repeats", type=int, default=3, help="timed passes over the questions")
     ap.add_argument("--index-dir", default="", help="build the index here (default: a temporary folder)")

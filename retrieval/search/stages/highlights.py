@@ -7,9 +7,10 @@ cross-encoder's windows use): every token's own where the store keeps them all (
 codes); in the default store, which pools three tokens into one vector (``pool3+bins``), each token gets its pooled
 vector's similarities through the groups kept at build (each token's pooled row). A store without positions (a
 pooled one built before the groups were kept) and an engine, which scores in place, have none: there the returned
-passages are encoded again, one batched encoder pass (the embedder's own token states). Highlights need the embedder's own token vectors
-(a separate ColBERT encoder's pieces carry markers the offsets do not) and a passage that late interaction scored
-for this request; otherwise a passage has none, and the request does not fail.
+passages are encoded again, one batched encoder pass (the embedder's own token states), as they are for every
+request with ``[rerank] highlight_exact``. Highlights need the embedder's own token vectors (a separate ColBERT
+encoder's pieces carry markers the offsets do not) and a passage that late interaction scored for this request;
+otherwise a passage has none, and the request does not fail.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class HighlightStage:
         """Each (title, passage)'s highlights, from the stored token similarities of its chunk where ``late`` (the
         index's late interaction, None for a cached result) gives them (float [t, q] over the tokens of
         ``title\\npassage``), else from the passage encoded now (one batch for all of them)."""
-        stored = [late.token_sims(query_tokens, c) if late is not None else None for c in chunks]
+        exact = self.config.highlight_exact
+        stored = [late.token_sims(query_tokens, c) if late is not None and not exact else None for c in chunks]
         full = [chunk_passage(title, text) for title, text in texts]
         encodings = self.embedder.model.tokenize(full)
         missing = [i for i, s in enumerate(stored) if s is None]

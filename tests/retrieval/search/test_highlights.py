@@ -33,7 +33,18 @@ def int8_pipeline(int8_index, embedder, config):
     p.close()
 
 
-@pytest.mark.parametrize("which", ["pipeline", "int8_pipeline"])
+@pytest.fixture(scope="module")
+def exact_pipeline(sample_index, embedder, config):
+    """The pooled store with ``highlight_exact``: the returned passages encoded again."""
+    import dataclasses
+
+    exact = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, highlight_exact=True))
+    p = Pipeline(sample_index, embedder, exact)
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize("which", ["pipeline", "int8_pipeline", "exact_pipeline"])
 def test_the_highlight_is_the_answering_sentence(request, which):
     p = request.getfixturevalue(which)
     doc, text, hl = _first(p.search(QUERY, 5, highlights=True, use_cache=False))
