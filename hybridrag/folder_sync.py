@@ -95,7 +95,7 @@ def store_existing(store: Any, source: str) -> dict[str, tuple[str, str]]:
     out: dict[str, tuple[str, str]] = {}
     after = ""
     while True:
-        rows = store.list(filters={"source": source}, after=after)
+        rows = store.list_documents(filters={"source": source}, after=after)
         out.update(_existing(((i, t, m) for i, t, _, m, _ in rows), source))
         if not rows:
             return out

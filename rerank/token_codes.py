@@ -193,14 +193,14 @@ class TokenCodes:
             return np.concatenate([np.asarray(a) for a in arrays])
         codes = cat("codes")
         assert codes is not None
-        group_offsets = None
+        group_offsets: np.ndarray | None = None
         if all(p.groups is not None and p.group_offsets is not None for p in parts):
-            group_offsets, base = [np.zeros(1, np.int64)], 0
+            steps, base = [np.zeros(1, np.int64)], 0
             for p in parts:
                 assert p.group_offsets is not None
-                group_offsets.append(np.asarray(p.group_offsets[1:], dtype=np.int64) + base)
+                steps.append(np.asarray(p.group_offsets[1:], dtype=np.int64) + base)
                 base += int(p.group_offsets[-1])
-            group_offsets = np.concatenate(group_offsets)
+            group_offsets = np.concatenate(steps)
         return cls(codes, np.concatenate(offsets), cat("scales"), cat("ids"),
                    cat("groups") if group_offsets is not None else None, group_offsets)
 

@@ -467,8 +467,8 @@ class LiveIndex:
 
     def list_documents(self, *, tenant: str | None = None, filters: Mapping[str, str] | None = None,
                        after: str = "", limit: int = MAX_BATCH) -> list[tuple[str, str, str, dict[str, str], int]]:
-        """The store's documents, a page at a time (:meth:`retrieval.live.store.DocumentStore.list`)."""
-        return self.store.list(tenant=tenant, filters=filters, after=after, limit=limit)
+        """The store's documents, a page at a time (:meth:`retrieval.live.store.DocumentStore.list_documents`)."""
+        return self.store.list_documents(tenant=tenant, filters=filters, after=after, limit=limit)
 
     # ------------------------------------------------------------------ rebuild and swap
 

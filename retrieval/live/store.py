@@ -241,7 +241,7 @@ class DocumentStore:
                 raise
         return WriteResult(last, count)
 
-    def list(self, *, tenant: str | None = None, filters: Mapping[str, str] | None = None, after: str = "",
+    def list_documents(self, *, tenant: str | None = None, filters: Mapping[str, str] | None = None, after: str = "",
              limit: int = MAX_BATCH) -> list[tuple[str, str, str, dict[str, str], int]]:
         """(id, tenant, title, metadata, seq) of up to ``limit`` documents after id ``after``, in id order; only
         ``tenant``'s when given, only those whose metadata holds every ``filters`` pair. No text is read."""

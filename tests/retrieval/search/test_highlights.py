@@ -1,7 +1,7 @@
 """Highlights (issue 43): the sentence late interaction's token similarities point at, on the real model and the
 sample index: the default pooled store (each token its pooled vector's similarities, through the groups kept at
-build) and the int8 store (every token's own) give the answering sentence; off means none; a cached result gets this query's; gRPC and HTTP return
-them; a passage written to the live buffer gets them too."""
+build) and the int8 store (every token's own) give the answering sentence; off means none; a cached result gets
+this query's; gRPC and HTTP return them; a passage written to the live buffer gets them too."""
 
 from __future__ import annotations
 
