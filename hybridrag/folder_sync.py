@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -193,6 +195,10 @@ def cmd_sync(args: argparse.Namespace) -> int:
         raise CorpusError("not a folder", path=str(root))
     options = folder_options(args)
     cache: dict = {}
+    stop = threading.Event()
+    if args.watch:  # SIGINT / SIGTERM end the watch between rounds (a write in flight finishes first)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
     client = RetrieverClient(args.server, ClientOptions(api_key=args.api_key or os.environ.get("HYBRIDRAG_API_KEY", ""),
                                                          tls_ca=args.tls_ca or ""))
     try:
@@ -203,9 +209,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
             if changed or not args.watch:
                 print_skipped(report)
                 print(f"{root}: {plan.summary(len(report.skipped))} ({time.perf_counter() - t:.1f} s)", flush=True)
-            if not args.watch:
+            if not args.watch or stop.wait(args.watch):
                 return 0
-            time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -220,7 +225,8 @@ def add_sync_parser(sub: Any, add_common) -> None:
     p.add_argument("--api-key", default="", help="API key (default: $HYBRIDRAG_API_KEY)")
     p.add_argument("--tls-ca", help="PEM file to trust for a TLS server")
     p.add_argument("--watch", type=float, default=0.0, metavar="SECONDS",
-                   help="keep polling the folder every SECONDS and sync what changed (Ctrl-C stops)")
+                   help="keep polling the folder every SECONDS and sync what changed (Ctrl-C or SIGTERM stops it "
+                        "after the round in flight)")
     add_folder_args(p)
     add_common(p)
     p.set_defaults(func=cmd_sync)

@@ -109,8 +109,8 @@ def test_sync_keeps_a_running_server_in_step_with_a_folder(tmp_path):
                     time.sleep(0.5)
                 assert "notes/watched.md" in ids and "notes/new.md" not in ids
         finally:
-            watch.send_signal(signal.SIGINT)
-            assert watch.wait(30) == 0, watch.stdout.read()
+            watch.send_signal(signal.SIGTERM)  # ends the watch after the round in flight
+            assert watch.wait(120) == 0, watch.stdout.read()
         assert "added 1, updated 0, deleted 1" in watch.stdout.read()
 
         listed = httpx.get(url + "/v1/documents",

@@ -30,7 +30,9 @@ FULL = ("bm25", "dense", "late_interaction", "cross_encoder")
 def served(sample_index, embedder, config):
     """A pipeline, for its models and its own answers (the reference each stage alone must equal)."""
     # the gate off (its default is 0.5): the cross-encoder runs on every request, for the stage's own tests
-    cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, cross_encoder=True, ce_gate_gap=0.0))
+    # and whole passages (windows, placed from late interaction's token similarities, are tested in test_cascade.py)
+    cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, cross_encoder=True, ce_gate_gap=0.0,
+                                                                 ce_window_tokens=0))
     ce = CrossEncoder(CrossEncoderConfig(model=str(CE_MODEL))) if CE_MODEL.is_dir() else None
     p = Pipeline(sample_index, embedder, cfg, cross_encoder=ce)
     yield p
