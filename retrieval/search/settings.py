@@ -206,7 +206,7 @@ class RerankConfig:
     sentences for (:mod:`retrieval.search.stages.highlights`). ``highlight_exact``: encode those passages again for
     every token's own similarities instead of the stored ones (the default pooled store gives each token its pooled
     vector's: on the man-page questions the best sentence held the answer 0.528 of the time against 0.611 exact, at
-    x2.6 the request's p50 against about x13 with the encoder pass: docs/results/highlights.md).
+    x1.4 the request's p50 against about x13 with the encoder pass: docs/results/highlights.md).
     """
 
     late_interaction: bool = True

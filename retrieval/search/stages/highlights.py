@@ -65,9 +65,11 @@ class HighlightStage:
         out = []
         for (_, text), whole, enc, s in zip(texts, full, encodings, sims, strict=True):
             assert s is not None
-            content = [i for i, special in enumerate(enc.special_tokens_mask) if not special][:len(s)]
+            # an Encoding builds a new list on every read of .offsets / .special_tokens_mask: read each once (read
+            # per token, they made this stage quadratic in the passage's length: 5 of its 7 ms for 3 passages)
+            content = np.flatnonzero(np.asarray(enc.special_tokens_mask) == 0)[:len(s)]
             prefix = len(whole) - len(text)  # the title and its newline, before the passage's own characters
-            offsets = np.array([enc.offsets[i] for i in content], dtype=np.int64).reshape(-1, 2) - prefix
+            offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)[content] - prefix
             offsets[offsets[:, 0] < 0] = -1  # the title's tokens: not part of the passage
             out.append(highlight_sentences(text, offsets, s[:len(content)]))
         return out
