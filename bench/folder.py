@@ -39,10 +39,11 @@ QUESTIONS = Path(__file__).resolve().parent / "data" / "folder_questions.json"
 
 
 def candidates(doc_root: Path) -> list[str]:
-    from index_builder.folder import walk
-    from index_builder.readers import has_reader
+    """The files under ``doc_root`` the folder reader would try, of 1 KB or more."""
+    from index_builder.folder import FolderOptions
+    from index_builder.folder import candidates as readable
 
-    return [rel for rel, path in walk(doc_root) if has_reader(path) and path.stat().st_size >= 1024]
+    return [rel for rel, path in readable(doc_root, FolderOptions()) if path.stat().st_size >= 1024]
 
 
 def make_folder(doc_root: Path, out: Path, wanted: list[str], files: int, seed: int) -> tuple[list[str], list[str]]:

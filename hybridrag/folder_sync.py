@@ -30,6 +30,7 @@ from index_builder.folder import (
     FolderOptions,
     FolderReport,
     SyncPlan,
+    candidates,
     iter_folder,
     load_tenant_map,
     plan_sync,
@@ -234,16 +235,6 @@ def add_sync_parser(sub: Any, add_common) -> None:
 
 # ---------------------------------------------------------------------- build --corpus DIR
 
-def count_candidates(root: Path, options: FolderOptions) -> int:
-    """Files the folder reader will try (for the progress bar's ETA; skipped ones make it end early)."""
-    from index_builder.folder import _matches, walk
-    from index_builder.readers import has_reader
-
-    return sum(1 for rel, path in walk(root) if has_reader(path)
-               and (not options.include or any(_matches(rel, p) for p in options.include))
-               and not any(_matches(rel, p) for p in options.exclude))
-
-
 def build_folder(args: argparse.Namespace, config: Any) -> tuple[Any, int, str, int]:
     """The documents of a folder for ``hybridrag build``: returns (stream or list, covered seq, summary line,
     count)."""
@@ -267,7 +258,7 @@ def build_folder(args: argparse.Namespace, config: Any) -> tuple[Any, int, str, 
             raise CorpusError(f"no readable files ({report.summary()})", path=str(root))
         return all_docs, seq, f"{root}: {plan.summary(len(report.skipped))}; {report.summary()}", len(all_docs)
     existing = snapshot_existing(Path(args.out), source)
-    total = count_candidates(root, options)
+    total = sum(1 for _ in candidates(root, options))  # for the progress bar's ETA (skips end it early)
     seen: list[Document] = []
 
     def stream() -> Iterator[Document]:

@@ -9,7 +9,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -430,58 +430,49 @@ def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_do
 
 
 def _assemble_tokens(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, sources: Sources) -> int:
-    """The token store in chunk order (offsets, vectors, scales), copied from the sources; returns the count."""
-    lengths = np.zeros(len(src), dtype=np.int64)
-    for s in np.unique(src).tolist():
-        sel = np.flatnonzero(src == s)
-        lengths[sel] = sources.sources[s].token_lengths(row[sel])
-    offsets = np.zeros(len(src) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    first = sources.sources[int(src[0])]
-    assert first.token_vectors is not None
-    tv = writer.open_array("token_vectors.npy", first.token_vectors.dtype, (total, first.token_vectors.shape[1]))
-    ts = (None if first.token_scales is None
-          else writer.open_array("token_scales.npy", first.token_scales.dtype, (total,)))
-    for i in range(len(src)):
-        s = sources.sources[int(src[i])]
-        assert s.token_offsets is not None
-        lo, hi = int(s.token_offsets[row[i]]), int(s.token_offsets[row[i] + 1])
-        tv[offsets[i]:offsets[i + 1]] = s.token_vectors[lo:hi]
-        if ts is not None:
-            ts[offsets[i]:offsets[i + 1]] = s.token_scales[lo:hi]
-    writer.flush_array("token_vectors.npy", tv)
-    if ts is not None:
-        writer.flush_array("token_scales.npy", ts)
-    writer.save_array("token_offsets.npy", offsets)
-    _assemble_groups(writer, src, row, sources)
+    """The token store in chunk order (offsets, vectors, scales), copied from the sources; returns the count. A
+    pooled store's groups (each original token's pooled row) come too when every source keeps them (a source from
+    before they were stored has none: the snapshot then has none, and its highlights and the cross-encoder's
+    windows encode the passage again)."""
+    total = _copy_ragged(writer, src, row, sources, "token_offsets.npy", lambda s: s.token_offsets,
+                         {"token_vectors.npy": lambda s: s.token_vectors, "token_scales.npy": lambda s: s.token_scales})
+    used = [sources.sources[s] for s in np.unique(src).tolist()]
+    if used and all(s.token_groups is not None and s.token_group_offsets is not None for s in used):
+        _copy_ragged(writer, src, row, sources, "token_group_offsets.npy", lambda s: s.token_group_offsets,
+                     {"token_groups.npy": lambda s: s.token_groups})
     return total
 
 
-def _assemble_groups(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, sources: Sources) -> None:
-    """A pooled store's groups (each original token's pooled row) in chunk order, when every source keeps them
-    (a source from before they were stored has none: the snapshot then has none, and its highlights and the
-    cross-encoder's windows encode the passage again)."""
+def _copy_ragged(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, sources: Sources, offsets_name: str,
+                 offsets_of: Callable[[Source], Any], arrays: dict[str, Callable[[Source], Any]]) -> int:
+    """Arrays whose rows belong to chunks (chunk i of source s owns rows ``offsets_of(s)[i]:offsets_of(s)[i + 1]``)
+    copied in chunk order into the snapshot, with their new offsets; an array the sources do not keep (None) is not
+    written. Returns the rows written."""
     used = [sources.sources[s] for s in np.unique(src).tolist()]
-    if not used or any(s.token_groups is None or s.token_group_offsets is None for s in used):
-        return
     lengths = np.zeros(len(src), dtype=np.int64)
     for s in np.unique(src).tolist():
         sel = np.flatnonzero(src == s)
-        go = sources.sources[s].token_group_offsets
-        assert go is not None
-        lengths[sel] = go[row[sel] + 1] - go[row[sel]]
+        o = offsets_of(sources.sources[s])
+        lengths[sel] = o[row[sel] + 1] - o[row[sel]]
     offsets = np.zeros(len(src) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    dtype = np.result_type(*[s.token_groups.dtype for s in used])
-    groups = writer.open_array("token_groups.npy", dtype, (int(offsets[-1]),))
+    total = int(offsets[-1])
+    out = {}
+    for name, get in arrays.items():
+        first = get(used[0])
+        if first is not None:
+            dtype = np.result_type(*[get(s).dtype for s in used])
+            out[name] = (get, writer.open_array(name, dtype, (total, *first.shape[1:])))
     for i in range(len(src)):
         s = sources.sources[int(src[i])]
-        go = s.token_group_offsets
-        assert go is not None
-        groups[offsets[i]:offsets[i + 1]] = s.token_groups[int(go[row[i]]):int(go[row[i] + 1])]
-    writer.flush_array("token_groups.npy", groups)
-    writer.save_array("token_group_offsets.npy", offsets)
+        o = offsets_of(s)
+        lo, hi = int(o[row[i]]), int(o[row[i] + 1])
+        for get, target in out.values():
+            target[offsets[i]:offsets[i + 1]] = get(s)[lo:hi]
+    for name, (_, target) in out.items():
+        writer.flush_array(name, target)
+    writer.save_array(offsets_name, offsets)
+    return total
 
 
 def rebuild_token_vectors(root: Path, token_encoder: TokenEncoder | None, storage: str, *, out: Path | None = None,

@@ -242,6 +242,21 @@ def source_name(root: Path, options: FolderOptions) -> str:
     return name
 
 
+def candidates(root: Path, options: FolderOptions, report: FolderReport | None = None) -> Iterator[tuple[str, Path]]:
+    """(relative path, path) of the files the folder reader tries: walked, included, not excluded, of a type a
+    reader takes (the others counted in ``report``)."""
+    for rel, path in walk(root, report):
+        if options.include and not any(_matches(rel, p) for p in options.include):
+            continue
+        if any(_matches(rel, p) for p in options.exclude):
+            continue
+        if not has_reader(path):
+            if report is not None:
+                report.other_types[path.suffix.lower() or "(none)"] += 1
+            continue
+        yield rel, path
+
+
 def iter_folder(root: str | Path, options: FolderOptions | None = None, report: FolderReport | None = None,
                 cache: dict[str, tuple[int, int, Document]] | None = None) -> Iterator[Document]:
     """The folder's documents in path order; skipped files are added to ``report`` (CorpusError when strict).
@@ -255,43 +270,32 @@ def iter_folder(root: str | Path, options: FolderOptions | None = None, report: 
     report = report if report is not None else FolderReport(root=str(root))
     source = source_name(root, options)
     before = len(report.skipped)
-    for rel, path in walk(root, report):
+
+    def strict_check() -> None:  # a skip the walk recorded (a link loop, an unreadable folder) fails a strict run
         if options.strict and len(report.skipped) > before:
             s = report.skipped[-1]
             raise CorpusError(f"{s.reason} (--strict)", path=str(root / s.path))
-        if options.include and not any(_matches(rel, p) for p in options.include):
-            continue
-        if any(_matches(rel, p) for p in options.exclude):
-            continue
-        if not has_reader(path):
-            report.other_types[path.suffix.lower() or "(none)"] += 1
-            continue
+
+    for rel, path in candidates(root, options, report):
+        strict_check()
         try:
-            if cache is not None:
-                st = path.stat()
-                hit = cache.get(rel)
-                if hit is not None and hit[:2] == (st.st_mtime_ns, st.st_size):
-                    doc = hit[2]
-                else:
-                    doc = read_one(root, rel, path, options, source)
-                    cache[rel] = (st.st_mtime_ns, st.st_size, doc)
+            st = path.stat()
+            hit = cache.get(rel) if cache is not None else None
+            if hit is not None and hit[:2] == (st.st_mtime_ns, st.st_size):
+                doc = hit[2]
             else:
                 doc = read_one(root, rel, path, options, source)
-        except OSError as e:
+                if cache is not None:
+                    cache[rel] = (st.st_mtime_ns, st.st_size, doc)
+        except (OSError, Unreadable) as e:
+            reason = f"cannot be read: {e.strerror}" if isinstance(e, OSError) else str(e)
             if options.strict:
-                raise CorpusError(f"cannot be read: {e.strerror} (--strict)", path=str(path)) from None
-            report.skipped.append(Skipped(rel, f"cannot be read: {e.strerror}"))
-            continue
-        except Unreadable as e:
-            if options.strict:
-                raise CorpusError(f"{e} (--strict)", path=str(path)) from None
-            report.skipped.append(Skipped(rel, str(e)))
+                raise CorpusError(f"{reason} (--strict)", path=str(path)) from None
+            report.skipped.append(Skipped(rel, reason))
             continue
         report.documents += 1
         yield doc
-    if options.strict and len(report.skipped) > before:
-        s = report.skipped[-1]
-        raise CorpusError(f"{s.reason} (--strict)", path=str(root / s.path))
+    strict_check()
 
 
 # ---------------------------------------------------------------------- a re-run: what changes
