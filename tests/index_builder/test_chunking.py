@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from index_builder.chunking import ChunkConfig, Chunker
 from index_builder.types import Document
@@ -61,3 +62,57 @@ def test_one_chunk_per_doc_shortcut_gives_the_same_hits():
                 b = top_docs_from_chunk_scores(scores, starts, k, valid=valid, min_score=floor, one_per_doc=True)
                 assert a.doc.tolist() == b.doc.tolist() and a.chunk.tolist() == b.chunk.tolist()
                 np.testing.assert_array_equal(a.scores, b.scores)
+
+
+@pytest.mark.parametrize("stride", [2, 16])
+def test_prefiltered_top_docs_equal_the_full_pass(monkeypatch, stride):
+    """Over many chunks the top documents are narrowed from a sample's threshold first; the answer must be the full
+    pass's exactly (documents, scores, best chunks, ties at the k-th score to the lowest ids), with multi-chunk
+    documents, masks, a score floor, ties and zeros, and whether the sample guessed too high or not."""
+    from retrieval.search import aggregate
+
+    rng = np.random.default_rng(1)
+    for trial in range(12):
+        n_docs = 3000
+        sizes = rng.integers(1, 4, n_docs) if trial % 3 else np.ones(n_docs, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        n = int(sizes.sum())
+        scores = (np.round(rng.random(n).astype(np.float32) * 8, 1) * (rng.random(n) > 0.7)).astype(np.float32)
+        valid = None if trial % 2 else rng.random(n_docs) > 0.5
+        one = bool(trial % 3 == 0)
+        for k in (1, 10, 100, 1000):
+            for floor in (None, 0.0):
+                monkeypatch.setattr(aggregate, "PREFILTER_FROM", 1 << 62)
+                full = top_docs_from_chunk_scores(scores, starts, k, valid=valid, min_score=floor, one_per_doc=one)
+                monkeypatch.setattr(aggregate, "PREFILTER_FROM", 0)
+                monkeypatch.setattr(aggregate, "PREFILTER_STRIDE", stride)
+                fast = top_docs_from_chunk_scores(scores, starts, k, valid=valid, min_score=floor, one_per_doc=one)
+                assert fast.doc.tolist() == full.doc.tolist() and fast.chunk.tolist() == full.chunk.tolist()
+                np.testing.assert_array_equal(fast.scores, full.scores)
+
+
+def test_prefiltered_bm25_and_exact_dense_equal_the_full_pass(monkeypatch, sample_index, sample_queries, embedder):
+    """The same on the real index: BM25 (zeros, a score floor) and exact dense search (negative scores) over the
+    sample corpus's chunks, every query, with and without a document filter; and the prefilter is really taken."""
+    from retrieval.search import aggregate
+
+    taken = []
+    real = aggregate._prefiltered
+    monkeypatch.setattr(aggregate, "_prefiltered", lambda *a: taken.append(r := real(*a)) or r)
+    monkeypatch.setattr(aggregate, "PREFILTER_STRIDE", 2)
+    mask = np.random.default_rng(0).random(len(sample_index.starts)) > 0.5
+    texts = list(sample_queries.values())
+    vectors = embedder.embed(texts)
+    assert sample_index.dense is not None
+    for text, vec in zip(texts, vectors, strict=True):
+        for k in (1, 5, 20):
+            for doc_mask in (None, mask):
+                for search in (lambda: sample_index.bm25.search(text, k, doc_mask),
+                               lambda: sample_index.dense.exact(vec, k, doc_mask)):
+                    monkeypatch.setattr(aggregate, "PREFILTER_FROM", 1 << 62)
+                    full = search()
+                    monkeypatch.setattr(aggregate, "PREFILTER_FROM", 0)
+                    fast = search()
+                    assert fast.doc.tolist() == full.doc.tolist() and fast.chunk.tolist() == full.chunk.tolist()
+                    np.testing.assert_array_equal(fast.scores, full.scores)
+    assert sum(t is not None for t in taken) > len(texts)
