@@ -128,6 +128,7 @@ class Pipeline:
         # the same one (handed to whichever model-pool worker was free, the stages ran ~1.4 ms slower).
         self._solo_lock = threading.Lock()
         self._solo_executor = ThreadPoolExecutor(1, thread_name_prefix="hybridrag-solo")
+        self._solo_beside = ThreadPoolExecutor(1, thread_name_prefix="hybridrag-solo-beside")  # ThreadRunner
         self._entered = 0  # searches between entry and answer, solo or not (any thread: under _entered_lock)
         self._entered_lock = threading.Lock()
         self.solo_runs = 0
@@ -152,7 +153,7 @@ class Pipeline:
         """Start every worker thread of the pipeline's pools now rather than at first use, running ``on_each`` on
         each of them (a server sets their priority so), and the first requests do not pay for thread creation."""
         pools: list[tuple[Executor, int]] = [(self.models.executor, self.config.batching.model_workers),
-                                             (self._solo_executor, 1)]
+                                             (self._solo_executor, 1), (self._solo_beside, 1)]
         if self._own_executor:
             pools.append((self.executor, self.config.first_stage.workers))
         for pool, n in pools:
@@ -176,6 +177,7 @@ class Pipeline:
             loop.close()
         self.models.shutdown()
         self._solo_executor.shutdown(wait=True)
+        self._solo_beside.shutdown(wait=True)
         if self._own_executor:
             self.executor.shutdown(wait=True)
 
@@ -232,7 +234,7 @@ class Pipeline:
             return None
         if not self._solo_lock.acquire(blocking=False):
             return None
-        return ThreadRunner(self.models)
+        return ThreadRunner(self.models, self._solo_beside if self.config.first_stage.parallel else None)
 
     def _leave(self) -> None:
         with self._entered_lock:

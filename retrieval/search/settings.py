@@ -141,7 +141,7 @@ class FirstStageConfig:
     # set). The encoders truncate at their max_length; BM25 reads every term (analysis is linear: a 32 KiB query
     # costs about a millisecond); Generate cuts the question to generation.max_question_tokens.
     max_query_chars: int = 32_768
-    parallel: bool = True  # BM25 and dense search run concurrently in the worker pool
+    parallel: bool = True  # BM25 beside the query embedding (batched) or beside the dense search (solo)
     workers: int = 4
     # BLAS threads for the pipeline's numpy work (MaxSim): its small matrix products gain nothing from threads,
     # and OpenBLAS's idle threads spin and steal the encoder's cores (pipeline p50 on SciFact: 48 ms with the

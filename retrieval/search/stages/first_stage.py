@@ -2,8 +2,8 @@
 per document), fused with weighted RRF; either alone when the request names one. If the dense side is unavailable
 (no HNSW index) or fails (the embedder, faiss), BM25 serves alone and the result says why (degraded).
 
-With a runner that overlaps work (the batched path), BM25 starts before the query is embedded and runs beside it
-(:meth:`FirstStage.start`)."""
+With a runner that overlaps work, BM25 starts early (:meth:`FirstStage.start`): in the batched path before the
+query is embedded, beside it; in a solo search beside the dense search (``first_stage.parallel``)."""
 
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ class FirstStage:
             with q.span("hybridrag.dense", {"candidates": candidates, "exact": q.request.exact_dense}):
                 t = time.perf_counter()
                 result.stages["dense"] = await q.runner.call(
-                    lambda: dense.search(vec, candidates, q.doc_mask, q.chunk_mask, exact=q.request.exact_dense))
+                    lambda: dense.search(vec, candidates, q.doc_mask, q.chunk_mask, exact=q.request.exact_dense),
+                    beside=q.pending.get("bm25"))
                 result.timings_ms["dense"] = ms_since(t)
         except Exception as e:  # an embedder/faiss failure degrades to BM25 instead of failing the query
             log.exception("dense search failed; BM25 serves alone")

@@ -226,6 +226,7 @@ def test_a_lone_request_runs_solo_and_answers_as_the_batched_path(sample_index, 
         # every async solo search ran on the one thread kept for them (its core's caches warm), none on the model
         # pool, whose workers a lone request used to take in turn
         assert len(solo._solo_executor._threads) == 1 and not solo.models.executor._threads
+        assert len(solo._solo_beside._threads) == 1  # BM25 ran beside the dense search
         with ThreadPoolExecutor(len(queries)) as pool:
             together = list(pool.map(lambda q: solo.search(q, k=10, stages=stages), queries))
         assert solo.solo_runs < 3 * len(queries)  # concurrent requests went through the batchers

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from index_builder.models import CrossEncoder, CrossEncoderConfig
 from index_builder.types import Hits
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.request import SearchRequest
-from retrieval.search.runner import PoolRunner, ThreadRunner
+from retrieval.search.runner import Later, PoolRunner, ThreadRunner
 from retrieval.search.settings import RerankConfig
 from retrieval.search.stages.cross_encoder import CrossEncoderStage
 from retrieval.search.stages.first_stage import FirstStage
@@ -56,16 +57,25 @@ def _batched(p: Pipeline, make):
 def test_the_first_stage_alone_gives_the_pipelines_fused_list(served):
     reference = served.search(QUERY, 10, stages=("bm25", "dense"), use_cache=False)
     stage = FirstStage(served.config.first_stage, served.config.fusion)
-    for run in ("solo", "batched"):
+    started = []
+    beside = ThreadPoolExecutor(1)
+    for run in ("solo", "solo beside", "batched"):
         async def first(runner):
             q = _query(served, runner, stages=("bm25", "dense"))
             stage.start(q)
+            started.append(q.pending.get("bm25"))
             return q, await stage.run(q)
-        q, hits = _solo(first(ThreadRunner(served.models))) if run == "solo" else _batched(served, first)
+        if run == "batched":
+            q, hits = _batched(served, first)
+        else:
+            q, hits = _solo(first(ThreadRunner(served.models, beside if run == "solo beside" else None)))
+            # BM25 began beside the dense search on the other thread, or ran inline when awaited
+            assert isinstance(started[-1], Later) and (started[-1].future is not None) == (run == "solo beside")
         assert hits.top(10).doc.tolist() == reference.hits.doc.tolist(), run
         assert set(q.result.stages) == {"bm25", "dense", "fused"} and q.query_vec is not None
         assert q.result.stages["bm25"].doc.tolist() == reference.stages["bm25"].doc.tolist()
         assert not q.pending and not q.result.skipped
+    beside.shutdown()
 
 
 def test_the_first_stage_serves_bm25_alone_when_dense_is_unavailable(served, sample_index):
