@@ -107,12 +107,11 @@ def test_prefiltered_bm25_and_exact_dense_equal_the_full_pass(monkeypatch, sampl
     for text, vec in zip(texts, vectors, strict=True):
         for k in (1, 5, 20):
             for doc_mask in (None, mask):
-                for search in (lambda: sample_index.bm25.search(text, k, doc_mask),
-                               lambda: sample_index.dense.exact(vec, k, doc_mask)):
+                for search, arg in ((sample_index.bm25.search, text), (sample_index.dense.exact, vec)):
                     monkeypatch.setattr(aggregate, "PREFILTER_FROM", 1 << 62)
-                    full = search()
+                    full = search(arg, k, doc_mask)
                     monkeypatch.setattr(aggregate, "PREFILTER_FROM", 0)
-                    fast = search()
+                    fast = search(arg, k, doc_mask)
                     assert fast.doc.tolist() == full.doc.tolist() and fast.chunk.tolist() == full.chunk.tolist()
                     np.testing.assert_array_equal(fast.scores, full.scores)
     assert sum(t is not None for t in taken) > len(texts)
