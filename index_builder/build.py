@@ -30,7 +30,7 @@ from index_builder.batch_work import (  # noqa: F401  (Prepared, encode_passages
     encode_passages,
     identity_of,
 )
-from index_builder.bm25_build import BM25Builder
+from index_builder.bm25_build import SPILL_FOLDER, BM25Builder
 from index_builder.encodings import KEY, BuildWork, Source, Sources, chunk_keys, encoder_identity
 from index_builder.errors import SnapshotError
 from index_builder.models import Embedder
@@ -248,7 +248,7 @@ def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig
     timings = {"chunk": 0.0, "bm25": 0.0, "embed": 0.0}
     storage = config.token_encoder.storage
     preparer = Preparer(embedder.files.tokenizer_path, config.chunking, config.analyzer, identity)
-    bm25 = BM25Builder()
+    bm25 = BM25Builder(spill=writer.tmp / SPILL_FOLDER)  # postings on disk as they come (bounded memory)
     window = embedder.config.max_length - 2  # [CLS] and [SEP]
     if config.chunking.max_tokens > window:
         log.warning("chunks of up to %d word pieces exceed the embedder's window (%d): dense and token vectors see "
@@ -293,7 +293,10 @@ def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig
             chunks["doc"] += n_docs
             timings["chunk"] += time.perf_counter() - t + prep.chunk_s
             t = time.perf_counter()
-            bm25.add(prep.terms)
+            try:
+                bm25.add(prep.terms)  # its postings appended to the spill folder
+            except OSError as e:
+                raise writer.failed(SPILL_FOLDER, e) from None
             timings["bm25"] += time.perf_counter() - t + prep.analyse_s
             chunk_parts.append(chunks)
             key_parts.append(keys)
@@ -419,7 +422,7 @@ def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_do
         dense["nlist"] = int(index.nlist)
     del index
     avgdl = bm25.avgdl()
-    writer.save_bm25(bm25.finish(config.bm25.k1, config.bm25.b))
+    writer.write_bm25(bm25, config.bm25.k1, config.bm25.b)
     settings = {**_with_avgdl(index_settings(config, embedder, token_encoder), avgdl), "dense": dense,
                 "chunk_keys": {"identity": identity.hex()}}
     path = writer.finish(counts=counts, dim=embedder.dim, settings=settings, covered_seq=covered_seq,

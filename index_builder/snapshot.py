@@ -43,6 +43,7 @@ import bm25s
 import faiss
 import numpy as np
 
+from index_builder.bm25_build import BM25Builder
 from index_builder.chunking import CHUNK_DTYPE
 from index_builder.doc_store import DocumentFile
 from index_builder.errors import SnapshotError
@@ -225,6 +226,15 @@ class SnapshotWriter:
             bm25.save(str(self.path("bm25")), show_progress=False)
         except OSError as e:
             raise self.failed("bm25", e) from None
+
+    def write_bm25(self, builder: BM25Builder, k1: float, b: float) -> None:
+        """A streamed build's BM25 index (:meth:`BM25Builder.write`), its spilled postings removed after."""
+        try:
+            builder.write(self.path("bm25"), k1, b)
+        except OSError as e:
+            raise self.failed("bm25", e) from None
+        if builder.spill is not None:
+            shutil.rmtree(builder.spill, ignore_errors=True)
 
     def save_index(self, name: str, index: faiss.Index) -> None:
         try:
