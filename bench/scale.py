@@ -401,6 +401,31 @@ def measure_rebuild(corpus: Path, index: Path, args: argparse.Namespace, log_dir
     return out
 
 
+def rebuild_kept(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """``--rebuild-indexes A,B``: each kept index rebuilt from its corpus with ``--rebuild-writes`` documents
+    edited (:func:`measure_rebuild`): the build's time, split and peak memory (anonymous and file-backed) at each
+    size, by the code as it is, with nothing but the edits embedded. The peaks' growth per passage between sizes is
+    what the build holds per passage."""
+    from bench.scale_corpus import ensure_corpus
+
+    out: dict[str, Any] = {}
+    for index in [Path(p) for p in args.rebuild_indexes.split(",") if p]:
+        manifest = json.loads((snapshot_folder(index) / "manifest.json").read_text())
+        size = int(manifest["counts"]["documents"])
+        corpus, _ = ensure_corpus(Path(args.corpus_dir), size, args.seed)
+        print(f"size {size}: {index}", file=sys.stderr)
+        entry = measure_rebuild(corpus, index, args, log_dir)
+        entry["passages"] = size
+        print(f"  peak RSS {entry['peak_rss_mib']} MiB (anonymous {entry['peak_anon_mib']}, file-backed "
+              f"{entry['peak_file_mib']})", file=sys.stderr)
+        out[str(size)] = entry
+    sizes = sorted(int(n) for n in out)
+    for a, b in zip(sizes, sizes[1:], strict=False):
+        out[str(b)]["anon_growth_per_passage_bytes"] = round(
+            (out[str(b)]["peak_anon_mib"] - out[str(a)]["peak_anon_mib"]) * 2**20 / (b - a), 1)
+    return out
+
+
 def derive(sizes: dict[int, dict[str, Any]]) -> None:
     """Figures across sizes: RSS per passage above the smallest size's server, latency against the smallest size,
     projected model time for perturbed sizes."""
@@ -465,6 +490,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--recall-ef", default="128,512,1024,2048", help="--recall-indexes: ef_search values")
     ap.add_argument("--rebuild-writes", type=int, default=0,
                     help="per size, then edit this many documents and time the rebuild (only they are embedded)")
+    ap.add_argument("--rebuild-indexes", default="",
+                    help="instead of building: rebuild these kept index roots (comma-separated, each made from "
+                         "CORPUS_DIR's corpus of its size) after --rebuild-writes edits, measuring each build's time "
+                         "and peak memory by the code as it is")
     ap.add_argument("--force", action="store_true", help="build a size even when projected not to fit")
     ap.add_argument("--quality", action="store_true", help="the quality run (SciFact + distractors) instead")
     ap.add_argument("--distractors", type=int, default=100_000)
@@ -502,6 +531,12 @@ def main(argv: list[str] | None = None) -> int:
             config = {"recall_indexes": args.recall_indexes, "recall_ef": args.recall_ef, "dataset": args.dataset,
                       "recall_queries": args.recall_queries, "config": args.config}
             write_result(args.json, "scale_recall", config, result)
+            return 0
+        if args.rebuild_indexes:
+            result = {"rebuilds": rebuild_kept(args, log_dir), "code": code_version()}
+            config = {"rebuild_indexes": args.rebuild_indexes, "rebuild_writes": args.rebuild_writes,
+                      "config": args.config}
+            write_result(args.json, "scale_rebuild", config, result)
             return 0
         if args.serve_indexes:
             result = {**serve_alternating(args, log_dir), "code": code_version()}

@@ -42,7 +42,7 @@ from index_builder.settings import (  # noqa: F401  (BM25Config, HNSWConfig re-e
     ChunkConfig,
     HNSWConfig,
 )
-from index_builder.snapshot import LoadedSnapshot, SnapshotParts, SnapshotWriter, load_snapshot, write_snapshot
+from index_builder.snapshot import LoadedSnapshot, SnapshotParts, SnapshotWriter, load_snapshot, release_pages, write_snapshot
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore, make_token_encoder
 from index_builder.types import Document
 
@@ -402,6 +402,8 @@ def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_do
             order = np.argsort(rows, kind="stable")  # read the source's rows in file order
             block = np.asarray(sources.sources[s].vectors[rows[order]])
             vectors[a + sel[order]] = block
+            release_pages(sources.sources[s].vectors)
+        release_pages(vectors)
     writer.flush_array("vectors.npy", vectors)
     counts = {"documents": n_docs, "chunks": n, "token_vectors": 0}
     if token_encoder is not None:
@@ -411,8 +413,10 @@ def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_do
     kind = dense_index.choose(config.dense_index, n)
     index = dense_index.make(kind, embedder.dim, n, config.hnsw)
     dense_index.train(index, vectors)
+    release_pages(vectors)
     for a in range(0, n, COPY_BLOCK):
         index.add(np.ascontiguousarray(vectors[a:min(n, a + COPY_BLOCK)]))
+        release_pages(vectors)
     del vectors
     timings["hnsw"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -472,6 +476,8 @@ def _copy_ragged(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, sourc
         lo, hi = int(o[row[i]]), int(o[row[i] + 1])
         for get, target in out.values():
             target[offsets[i]:offsets[i + 1]] = get(s)[lo:hi]
+        if i % COPY_BLOCK == COPY_BLOCK - 1:
+            release_pages(*(t for _, t in out.values()), *(get(u) for u in used for get, _ in out.values()))
     for name, (_, target) in out.items():
         writer.flush_array(name, target)
     writer.save_array(offsets_name, offsets)

@@ -1,6 +1,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 from index_builder.build import build_snapshot
@@ -87,3 +88,36 @@ def test_missing_hnsw_degrades_to_bm25_alone(small_index, config, embedder):
     assert res.degraded and "dense" in res.skipped and "bm25" in res.stages and len(res.hits) > 0
     with pytest.raises(SnapshotError):
         load_snapshot(small_index, dense_required=True)
+
+
+def _mapped_kib(path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+    return total
+
+
+def test_released_pages_leave_the_process_but_keep_their_data(tmp_path):
+    """What the build calls after each block: a mapped array's pages, read or written, stop counting in the
+    process's RSS, and what was written is still there."""
+    from index_builder.snapshot import release_pages
+
+    path = tmp_path / "rows.npy"
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(1 << 20,))
+    out[:] = np.arange(1 << 20, dtype=np.float32)  # 4 MiB written through the map
+    assert _mapped_kib(path) >= 4000
+    release_pages(out, np.zeros(3))  # (an array in memory is skipped)
+    assert _mapped_kib(path) < 100
+    out.flush()
+    del out
+    back = np.load(path, mmap_mode="r")
+    assert float(back.sum()) == float(np.arange(1 << 20, dtype=np.float64).sum())  # read: resident again
+    assert _mapped_kib(path) >= 4000
+    release_pages(back[10:20])  # a view releases its whole map
+    assert _mapped_kib(path) < 100
