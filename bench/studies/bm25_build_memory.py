@@ -15,12 +15,14 @@ import json
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 from bench.harness import ratio, write_result
 
 
-def measure(corpus: str, passages: int, batch: int = 2048) -> dict[str, Any]:
+def measure(corpus: str, passages: int, batch: int = 2048, spill: str = "") -> dict[str, Any]:
+    from index_builder import bm25_build
     from index_builder.analysis import Analyzer
     from index_builder.bm25_build import BM25Builder
     from index_builder.settings import AnalyzerConfig
@@ -43,19 +45,23 @@ def measure(corpus: str, passages: int, batch: int = 2048) -> dict[str, Any]:
     analyse_s = time.perf_counter() - t
     gc.collect()
     tracemalloc.start()
-    builder = BM25Builder()
+    builder = BM25Builder(spill=Path(spill) / "postings" if spill else None)
     for terms in batches:
         builder.add(terms)
-    postings = sum(len(x) for x in builder._docs)
+    postings = builder.postings
     gc.collect()
     held = tracemalloc.get_traced_memory()[0]
     tracemalloc.reset_peak()
     t = time.perf_counter()
-    bm = builder.finish(0.9, 0.4)
+    if spill:  # the build's way: postings on disk, the matrix written a range of terms at a time
+        builder.write(Path(spill) / "bm25", 0.9, 0.4)
+        matrix = sum((Path(spill) / "bm25" / bm25_build.FILES[k]).stat().st_size for k in ("data", "indices", "indptr"))
+    else:
+        bm = builder.finish(0.9, 0.4)
+        matrix = sum(bm.scores[k].nbytes for k in ("data", "indices", "indptr"))
     finish_s = time.perf_counter() - t
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    matrix = sum(bm.scores[k].nbytes for k in ("data", "indices", "indptr"))
     return {"passages": n, "postings": postings, "analyse_s": round(analyse_s, 1), "finish_s": round(finish_s, 2),
             "held_mib": round(held / 2**20, 1), "finish_peak_mib": round(peak / 2**20, 1),
             "matrix_mib": round(matrix / 2**20, 1),
@@ -70,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", required=True, help="JSONL passages (title, text): a scale corpus")
     ap.add_argument("--passages", type=int, default=100_000, help="the first N (0: all)")
+    ap.add_argument("--spill", default="", help="a scratch folder: postings spilled there and the index written as "
+                                                "a build does (BM25Builder.write); default: held in memory")
     ap.add_argument("--json", default="results/scale/bm25-build-memory.json")
     args = ap.parse_args(argv)
-    out = measure(args.corpus, args.passages)
+    out = measure(args.corpus, args.passages, spill=args.spill)
     print(f"{out['passages']} passages, {out['postings']} postings: held {out['held_mib']} MiB, finish peak "
           f"{out['finish_peak_mib']} MiB ({out['peak_bytes_per_posting']} B a posting, "
           f"{out['peak_bytes_per_passage']} B a passage), {out['finish_s']} s", file=sys.stderr)

@@ -159,6 +159,12 @@ def test_bm25_build_memory_study_smoke(tmp_path):
     entry = read_result(out, "bm25_build_memory")
     assert entry["passages"] == 100 and entry["postings"] > 1000
     assert entry["finish_peak_mib"] >= entry["held_mib"] > 0 and entry["matrix_mib"] > 0
+    spilled = tmp_path / "spilled.json"  # the build's way: the postings on disk, the same matrix written
+    assert main(["--corpus", str(corpus), "--passages", "100", "--spill", str(tmp_path / "scratch"),
+                 "--json", str(spilled)]) == 0
+    s = read_result(spilled, "bm25_build_memory")
+    assert s["postings"] == entry["postings"] and s["matrix_mib"] == entry["matrix_mib"]
+    assert s["held_mib"] < entry["held_mib"]
 
 
 def test_highlights_bench_smoke(tmp_path):
