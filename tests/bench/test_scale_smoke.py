@@ -133,6 +133,13 @@ def test_scale_bench_smoke(corpus_dir, tmp_path):  # ~11 s: two builds in child 
         assert set(rows) == {"8", "256"} and rows["256"]["ef_search"] == 256
         assert rows["256"]["recall"] == 1.0 and rows["256"]["in_domain"]["queries"] == 6
         assert rows["8"]["recall"] <= rows["256"]["recall"]
+    # the kept indexes rebuilt after 3 edits each: only those embedded, each build's peaks and the growth between
+    assert main(["--corpus-dir", str(corpus_dir), "--work", str(tmp_path / "work"), "--rebuild-indexes",
+                 f"{small},{large}", "--rebuild-writes", "3", "--json", str(out)]) == 0
+    rebuilt = read_result(out, "scale_rebuild")["rebuilds"]
+    assert set(rebuilt) == {"40", "120"} and "anon_growth_per_passage_bytes" in rebuilt["120"]
+    for r in rebuilt.values():
+        assert r["writes"] == 3 and 3 <= r["embedded"] <= 6 and r["peak_anon_mib"] > 0 and r["peak_file_mib"] >= 0
     pytest.importorskip("matplotlib")
     (png,) = plots.glob("scale-*.png")  # one per code version
     assert png.stat().st_size > 10_000
