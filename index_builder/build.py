@@ -135,7 +135,7 @@ def _current_source(root: Path, identity: bytes) -> Source | None:
     if not (Path(root) / "CURRENT").is_file():
         return None
     try:
-        snap = load_snapshot(Path(root), checksums=False)
+        snap = load_snapshot(Path(root), checksums=False, dense_index=False)  # its rows, not its graph
     except Exception as e:  # noqa: BLE001 -- an unreadable previous snapshot only means embedding everything
         log.warning("the current snapshot of %s cannot be reused (%s): every chunk is embedded", root, e)
         return None

@@ -422,11 +422,13 @@ def check_settings(manifest: dict[str, Any], expected: dict[str, Any]) -> None:
 
 
 def load_snapshot(root: Path, *, expected: dict[str, Any] | None = None, checksums: bool = True,
-                  dense_required: bool = False) -> LoadedSnapshot:
+                  dense_required: bool = False, dense_index: bool = True) -> LoadedSnapshot:
     """Load the snapshot ``CURRENT`` points at (or a snapshot folder), verifying it first.
 
     A missing or corrupt dense index (HNSW file) is not fatal unless ``dense_required``: the snapshot loads
-    without it and ``dense_error`` says why, so BM25 can serve alone.
+    without it and ``dense_error`` says why, so BM25 can serve alone. ``dense_index=False``: the index file is
+    not read at all (a build reading the snapshot's encodings needs its rows, not its graph: at a million
+    passages the graph is 626 MiB of memory).
     """
     path = current_snapshot_dir(Path(root))
     manifest = read_manifest(path)
@@ -443,6 +445,8 @@ def load_snapshot(root: Path, *, expected: dict[str, Any] | None = None, checksu
     if problems:
         dense_error = described
         log.error("dense index of %s unusable (%s): BM25 will serve alone", path, dense_error)
+    elif not dense_index:
+        dense_error = "not loaded (dense_index=False)"
     else:
         name = manifest.get("dense", {}).get("file", "hnsw.faiss")  # the kind built (index_builder/dense_index.py)
         try:
