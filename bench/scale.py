@@ -152,6 +152,7 @@ def child_build(spec_path: str) -> int:
               "read_corpus_s": round(read_s, 2), "load_model_s": round(load_model_s, 2),
               "rss_before_build_mib": round(rss_before, 1),
               "streamed": "total" in kwargs, "vectors": embedder.stats(), "embedder": identity,
+              "anon_mib_at": getattr(summary, "memory_mib", {}),
               **{k: getattr(summary, k) for k in ("embedded", "reused") if hasattr(summary, k)}}
     Path(spec["result"]).write_text(json.dumps(result, indent=1) + "\n")
     return 0
@@ -417,12 +418,16 @@ def rebuild_kept(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         entry = measure_rebuild(corpus, index, args, log_dir)
         entry["passages"] = size
         print(f"  peak RSS {entry['peak_rss_mib']} MiB (anonymous {entry['peak_anon_mib']}, file-backed "
-              f"{entry['peak_file_mib']})", file=sys.stderr)
+              f"{entry['peak_file_mib']}); anonymous as the assembly's steps end {entry.get('anon_mib_at')}",
+              file=sys.stderr)
         out[str(size)] = entry
     sizes = sorted(int(n) for n in out)
     for a, b in zip(sizes, sizes[1:], strict=False):
-        out[str(b)]["anon_growth_per_passage_bytes"] = round(
-            (out[str(b)]["peak_anon_mib"] - out[str(a)]["peak_anon_mib"]) * 2**20 / (b - a), 1)
+        ea, eb = out[str(a)], out[str(b)]
+        eb["anon_growth_per_passage_bytes"] = round((eb["peak_anon_mib"] - ea["peak_anon_mib"]) * 2**20 / (b - a), 1)
+        at_a, at_b = ea.get("anon_mib_at") or {}, eb.get("anon_mib_at") or {}
+        eb["held_growth_per_passage_bytes"] = {k: round((at_b[k] - at_a[k]) * 2**20 / (b - a), 1)
+                                               for k in at_b if k in at_a}
     return out
 
 

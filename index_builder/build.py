@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,9 @@ class BuildSummary:
     timings: dict[str, float]
     embedded: int = -1  # distinct passages embedded by this build (-1: not counted)
     reused: int = -1  # chunks whose encodings came from a source (the previous snapshot, the buffer, a checkpoint)
+    # the process's anonymous memory (MiB) as each step of the assembly ends (Linux; empty elsewhere): what the
+    # build holds once the batches are done, without the models' passing peaks
+    memory_mib: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
         counted = f", {self.embedded} passages embedded, {self.reused} chunks reused" if self.embedded >= 0 else ""
@@ -127,6 +130,18 @@ def snapshot_source(snap: LoadedSnapshot, identity: bytes) -> Source | None:
                   None if snap.token_offsets is None else np.asarray(snap.token_offsets), snap.token_scales,
                   storage=str((tokens or {}).get("dtype", "int8")) if has_tokens else "",
                   token_groups=snap.token_groups, token_group_offsets=snap.token_group_offsets)
+
+
+def _anon_mib() -> float | None:
+    """This process's anonymous resident memory in MiB (``RssAnon``), None where /proc does not say."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
 
 
 def _current_source(root: Path, identity: bytes) -> Source | None:
@@ -409,6 +424,13 @@ def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_do
     if token_encoder is not None:
         counts["token_vectors"] = _assemble_tokens(writer, src, row, sources)
     timings["copy"] = time.perf_counter() - t
+    memory: dict[str, float] = {}
+
+    def mark(step: str) -> None:
+        if (mib := _anon_mib()) is not None:
+            memory[step] = round(mib, 1)
+
+    mark("copy")
     t = time.perf_counter()
     kind = dense_index.choose(config.dense_index, n)
     index = dense_index.make(kind, embedder.dim, n, config.hnsw)
@@ -419,6 +441,7 @@ def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_do
         release_pages(vectors)
     del vectors
     timings["hnsw"] = time.perf_counter() - t
+    mark("dense_index")
     t = time.perf_counter()
     writer.save_index(dense_index.FILES[kind], index)
     dense: dict[str, Any] = {"index": kind, "file": dense_index.FILES[kind]}
@@ -427,13 +450,15 @@ def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_do
     del index
     avgdl = bm25.avgdl()
     writer.write_bm25(bm25, config.bm25.k1, config.bm25.b)
+    mark("bm25")
     settings = {**_with_avgdl(index_settings(config, embedder, token_encoder), avgdl), "dense": dense,
                 "chunk_keys": {"identity": identity.hex()}}
     path = writer.finish(counts=counts, dim=embedder.dim, settings=settings, covered_seq=covered_seq,
                          keep_last=config.keep_snapshots)
     timings["write"] = time.perf_counter() - t
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return BuildSummary(path, n_docs, n, counts["token_vectors"], time.perf_counter() - t0, size, timings)
+    return BuildSummary(path, n_docs, n, counts["token_vectors"], time.perf_counter() - t0, size, timings,
+                        memory_mib=memory)
 
 
 def _assemble_tokens(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, sources: Sources) -> int:

@@ -138,6 +138,7 @@ def test_scale_bench_smoke(corpus_dir, tmp_path):  # ~11 s: two builds in child 
                  f"{small},{large}", "--rebuild-writes", "3", "--json", str(out)]) == 0
     rebuilt = read_result(out, "scale_rebuild")["rebuilds"]
     assert set(rebuilt) == {"40", "120"} and "anon_growth_per_passage_bytes" in rebuilt["120"]
+    assert set(rebuilt["120"]["held_growth_per_passage_bytes"]) == {"copy", "dense_index", "bm25"}
     for r in rebuilt.values():
         assert r["writes"] == 3 and 3 <= r["embedded"] <= 6 and r["peak_anon_mib"] > 0 and r["peak_file_mib"] >= 0
     pytest.importorskip("matplotlib")
