@@ -34,6 +34,7 @@ from index_builder.bm25_build import SPILL_FOLDER, BM25Builder
 from index_builder.encodings import KEY, BuildWork, Source, Sources, chunk_keys, encoder_identity
 from index_builder.errors import SnapshotError
 from index_builder.models import Embedder
+from index_builder.row_file import release_pages
 from index_builder.settings import (  # noqa: F401  (BM25Config, HNSWConfig re-exported)
     STORAGES,
     AnalyzerConfig,
@@ -42,7 +43,7 @@ from index_builder.settings import (  # noqa: F401  (BM25Config, HNSWConfig re-e
     ChunkConfig,
     HNSWConfig,
 )
-from index_builder.snapshot import LoadedSnapshot, SnapshotParts, SnapshotWriter, load_snapshot, release_pages, write_snapshot
+from index_builder.snapshot import LoadedSnapshot, SnapshotParts, SnapshotWriter, load_snapshot, write_snapshot
 from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore, make_token_encoder
 from index_builder.types import Document
 
@@ -435,7 +436,6 @@ def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_do
     kind = dense_index.choose(config.dense_index, n)
     index = dense_index.make(kind, embedder.dim, n, config.hnsw)
     dense_index.train(index, vectors)
-    release_pages(vectors)
     for a in range(0, n, COPY_BLOCK):
         index.add(np.ascontiguousarray(vectors[a:min(n, a + COPY_BLOCK)]))
         release_pages(vectors)

@@ -17,6 +17,7 @@ import math
 import faiss
 import numpy as np
 
+from index_builder.row_file import release_pages
 from index_builder.settings import HNSWConfig
 
 KINDS = ("hnsw", "hnsw_sq8", "ivf_pq")
@@ -24,6 +25,7 @@ FILES = {"hnsw": "hnsw.faiss", "hnsw_sq8": "hnsw_sq8.faiss", "ivf_pq": "ivf_pq.f
 AUTO_SQ8_FROM = 250_000  # chunks: below, float HNSW (~0.45 GB of vectors at 250k); from here, 8-bit codes
 AUTO_IVF_PQ_FROM = 5_000_000  # from here, IVF-PQ (a 5M HNSW-SQ8 graph is ~3 GB of RAM)
 TRAIN_SAMPLE = 100_000  # vectors the quantisers are trained on (a seeded sample)
+TRAIN_BLOCK = 16_384  # rows of the vectors' map read at a time for the sample
 PQ_M = 48  # sub-quantisers of IVF-PQ: 384 / 48 = 8 dimensions each, one byte each
 
 
@@ -70,7 +72,12 @@ def train(index: faiss.Index, vectors: np.ndarray, seed: int = 0) -> None:
         return
     n = len(vectors)
     rows = np.sort(np.random.default_rng(seed).choice(n, min(n, TRAIN_SAMPLE), replace=False))
-    index.train(np.ascontiguousarray(vectors[rows], dtype=np.float32))
+    sample = np.empty((len(rows), vectors.shape[1]), dtype=np.float32)
+    for a in range(0, n, TRAIN_BLOCK):  # a block of the map at a time, its pages dropped after (a sample spread
+        sel = np.flatnonzero((rows >= a) & (rows < a + TRAIN_BLOCK))  # over the file touches all of it: at 1M,
+        sample[sel] = vectors[rows[sel]]  # 1.5 GB of mapped pages at once)
+        release_pages(vectors)
+    index.train(sample)
 
 
 def search_params(index: faiss.Index, ef_search: int, nprobe: int,

@@ -9,11 +9,13 @@ the hot parts of the file, outside the process.
 
 :class:`RowFile` is the small part of numpy's array interface the stages use on a token store: ``shape``,
 ``dtype``, ``ndim``, ``len``, integer, slice and integer-array indexing on the first axis, and ``np.asarray`` (the
-whole array, read once: for a build or a migration).
+whole array, read once: for a build or a migration). :func:`release_pages` is the other way, for arrays a build
+reads or writes in full through a map: their pages are dropped from the process after each block.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -104,3 +106,14 @@ class RowFile:
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self._read(0, self.shape[0])
         return out if dtype is None else out.astype(dtype)
+
+
+def release_pages(*arrays: Any) -> None:
+    """Unmap the pages of memory-mapped arrays (``np.memmap``; others are skipped) from this process: the kernel's
+    page cache keeps them (a written page is still written out), but they no longer count in the process's RSS.
+    A build that reads and writes gigabytes of mapped arrays calls this after each block, so its resident memory
+    does not grow with the corpus (at a million passages the mapped files had grown it by 9.6 GiB)."""
+    for a in arrays:
+        m = getattr(a, "_mmap", None)
+        if m is not None and hasattr(m, "madvise"):
+            m.madvise(mmap.MADV_DONTNEED)

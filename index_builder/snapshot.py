@@ -31,7 +31,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import mmap
 import os
 import re
 import shutil
@@ -275,17 +274,6 @@ class SnapshotWriter:
 
     def abort(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def release_pages(*arrays: Any) -> None:
-    """Unmap the pages of memory-mapped arrays (``np.memmap``; others are skipped) from this process: the kernel's
-    page cache keeps them (a written page is still written out), but they no longer count in the process's RSS.
-    A build that reads and writes gigabytes of mapped arrays calls this after each block, so its resident memory
-    does not grow with the corpus (at a million passages the mapped files had grown it by 9.6 GiB)."""
-    for a in arrays:
-        m = getattr(a, "_mmap", None)
-        if m is not None and hasattr(m, "madvise"):
-            m.madvise(mmap.MADV_DONTNEED)
 
 
 def write_snapshot(root: Path, parts: SnapshotParts, *, keep_last: int = 0) -> Path:

@@ -42,3 +42,28 @@ def test_auto_picks_the_kind_by_corpus_size():
         ["hnsw", "hnsw", "hnsw_sq8", "hnsw_sq8", "ivf_pq"]
     with pytest.raises(ValueError, match="dense index must be one of"):
         choose("flat", 10)
+
+
+@pytest.mark.parametrize("kind", ["hnsw_sq8", "ivf_pq"])
+def test_training_from_a_map_a_block_at_a_time_trains_the_same_quantiser(kind, monkeypatch, tmp_path,
+                                                                        sample_index):
+    """The quantisers' sample is read from the memory-mapped vectors a block at a time (their pages dropped after
+    each): the same rows, so the same trained index as from the vectors in memory. Real vectors: the sample
+    corpus's, repeated past the sample size."""
+    import faiss
+
+    from index_builder import dense_index
+    from index_builder.settings import HNSWConfig
+
+    base = np.asarray(sample_index.snapshot.vectors, dtype=np.float32)
+    vectors = np.concatenate([base] * (400 // len(base) + 1))[:400]
+    np.save(tmp_path / "v.npy", vectors)
+    mapped = np.load(tmp_path / "v.npy", mmap_mode="r")
+    monkeypatch.setattr(dense_index, "TRAIN_SAMPLE", 300)
+    monkeypatch.setattr(dense_index, "TRAIN_BLOCK", 7)
+    trained = []
+    for source in (vectors, mapped):
+        index = dense_index.make(kind, vectors.shape[1], len(vectors), HNSWConfig())
+        dense_index.train(index, source)
+        trained.append(faiss.serialize_index(index))
+    assert np.array_equal(trained[0], trained[1])

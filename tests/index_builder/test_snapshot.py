@@ -106,7 +106,7 @@ def _mapped_kib(path) -> int:
 def test_released_pages_leave_the_process_but_keep_their_data(tmp_path):
     """What the build calls after each block: a mapped array's pages, read or written, stop counting in the
     process's RSS, and what was written is still there."""
-    from index_builder.snapshot import release_pages
+    from index_builder.row_file import release_pages
 
     path = tmp_path / "rows.npy"
     out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(1 << 20,))
