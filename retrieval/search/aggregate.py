@@ -77,9 +77,24 @@ def top_docs_from_chunk_scores(scores: np.ndarray, starts: np.ndarray, k: int, *
     docs, top_scores = candidates[order], cand_scores[order]
     if one_per_doc:
         return Hits(docs.astype(np.int64), top_scores.astype(np.float32), docs.astype(np.int64))
-    ends = np.append(starts[1:], len(scores))
-    chunks = np.array([starts[d] + int(np.argmax(scores[starts[d]:ends[d]])) for d in docs], dtype=np.int64)
-    return Hits(docs.astype(np.int64), top_scores.astype(np.float32), chunks)
+    return Hits(docs.astype(np.int64), top_scores.astype(np.float32), best_chunks(scores, starts, docs))
+
+
+def best_chunks(scores: np.ndarray, starts: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """Each of ``docs``' first best-scoring chunk (int64), over their chunks' ``scores`` at once (a loop over the
+    documents cost ~3 us each: 0.3 ms a request for a hundred).
+
+    >>> best_chunks(np.array([0.1, 0.9, 0.9, 0.2, 0.5]), np.array([0, 3, 4]), np.array([2, 0, 1])).tolist()
+    [4, 1, 3]
+    """
+    ends = np.append(starts[1:], len(scores))[docs]
+    lens = ends - starts[docs]
+    offsets = np.cumsum(lens) - lens  # each document's first place in the gathered chunks
+    rows = np.repeat(starts[docs] - offsets, lens) + np.arange(int(lens.sum()))
+    gathered = scores[rows]
+    best = np.repeat(np.maximum.reduceat(gathered, offsets), lens)
+    firsts = np.flatnonzero(gathered == best)
+    return rows[firsts[np.searchsorted(firsts, offsets)]].astype(np.int64)
 
 
 def _prefiltered(scores: np.ndarray, starts: np.ndarray, k: int, valid: np.ndarray | None, min_score: float | None,

@@ -115,3 +115,17 @@ def test_prefiltered_bm25_and_exact_dense_equal_the_full_pass(monkeypatch, sampl
                     assert fast.doc.tolist() == full.doc.tolist() and fast.chunk.tolist() == full.chunk.tolist()
                     np.testing.assert_array_equal(fast.scores, full.scores)
     assert sum(t is not None for t in taken) > len(texts)
+
+
+def test_best_chunks_are_each_documents_first_best_chunk():
+    """The documents' best chunks, taken at once, are what a loop over them finds (first of tied bests)."""
+    from retrieval.search.aggregate import best_chunks
+
+    rng = np.random.default_rng(2)
+    sizes = rng.integers(1, 6, 500)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    scores = np.round(rng.random(int(sizes.sum())), 1).astype(np.float32)  # many ties
+    ends = np.append(starts[1:], len(scores))
+    docs = rng.permutation(500)[:120]
+    expected = [int(starts[d] + np.argmax(scores[starts[d]:ends[d]])) for d in docs]
+    assert best_chunks(scores, starts, docs).tolist() == expected
