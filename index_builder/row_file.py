@@ -96,11 +96,16 @@ class RowFile:
         if not len(idx):
             return np.empty((0, *self.shape[1:]), dtype=self.dtype)
         breaks = np.flatnonzero(np.diff(idx) != 1) + 1  # runs of consecutive rows: one pread each
-        starts = np.concatenate([[0], breaks])
-        ends = np.concatenate([breaks, [len(idx)]])
-        parts = [self._read(int(idx[a]), int(idx[b - 1]) + 1) for a, b in zip(starts.tolist(), ends.tolist(),
-                                                                                strict=True)]
-        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        los = idx[np.concatenate([[0], breaks])].tolist()
+        his = (idx[np.concatenate([breaks, [len(idx)]]) - 1] + 1).tolist()
+        assert self._fd is not None
+        rb, base = self.row_bytes, self.offset
+        # one os.pread a run, joined: 300 scattered rows in ~0.3 ms (a buffer filled per run took 0.8)
+        buf = b"".join([os.pread(self._fd, (hi - lo) * rb, base + lo * rb) for lo, hi in zip(los, his, strict=True)])
+        if len(buf) == len(idx) * rb:
+            out = np.frombuffer(buf, dtype=self.dtype).reshape((len(idx), *self.shape[1:]))
+        else:  # a short read (a signal, a truncated file): again, run by run, the careful way
+            out = np.concatenate([self._read(lo, hi) for lo, hi in zip(los, his, strict=True)])
         return out.reshape((*np.shape(key), *self.shape[1:])) if np.ndim(key) > 1 else out
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:

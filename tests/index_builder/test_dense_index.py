@@ -11,6 +11,7 @@ import pytest
 
 from index_builder.build import build_snapshot
 from index_builder.dense_index import choose
+from index_builder.row_file import RowFile
 from index_builder.snapshot import load_snapshot
 from retrieval.search.index import SearchIndex
 
@@ -25,6 +26,8 @@ def test_each_dense_index_finds_what_exact_search_finds(kind, tmp_path, sample_d
     assert snap.manifest["dense"]["index"] == kind and summary.chunks > 600
     index = SearchIndex.load(tmp_path / kind, cfg, embedder)
     assert index.dense is not None and index.dense.rescores == (kind != "hnsw")
+    # the rows a compressed kind rescores are read with pread, not through the map (no RSS for them)
+    assert isinstance(index.dense.rows, RowFile) == (kind != "hnsw")
     recalls = []
     for q in list(sample_queries.values())[:20]:
         vec = embedder.embed([q])[0]

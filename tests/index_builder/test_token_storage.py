@@ -136,3 +136,6 @@ def test_a_truncated_token_file_is_an_error_naming_it(tmp_path):
     assert rows[0:2].shape == (2, 48)
     with pytest.raises(OSError, match="token_vectors.npy: truncated"):
         rows[8:10]
+    assert rows[np.array([0, 3, 4])].shape == (3, 48)  # scattered rows: one pread a run, joined
+    with pytest.raises(OSError, match="token_vectors.npy: truncated"):  # a short join: read again run by run
+        rows[np.array([0, 5, 9])]
