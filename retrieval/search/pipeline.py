@@ -234,7 +234,9 @@ class Pipeline:
             return None
         if not self._solo_lock.acquire(blocking=False):
             return None
-        return ThreadRunner(self.models, self._solo_beside if self.config.first_stage.parallel else None)
+        first = self.config.first_stage
+        beside = first.parallel and len(self.index.chunk_doc) >= first.solo_beside_from
+        return ThreadRunner(self.models, self._solo_beside if beside else None)
 
     def _leave(self) -> None:
         with self._entered_lock:

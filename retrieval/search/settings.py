@@ -141,7 +141,7 @@ class FirstStageConfig:
     # set). The encoders truncate at their max_length; BM25 reads every term (analysis is linear: a 32 KiB query
     # costs about a millisecond); Generate cuts the question to generation.max_question_tokens.
     max_query_chars: int = 32_768
-    parallel: bool = True  # BM25 beside the query embedding (batched) or beside the dense search (solo)
+    parallel: bool = True  # BM25 beside the query embedding (batched) or the dense search (solo, solo_beside_from)
     workers: int = 4
     # BLAS threads for the pipeline's numpy work (MaxSim): its small matrix products gain nothing from threads,
     # and OpenBLAS's idle threads spin and steal the encoder's cores (pipeline p50 on SciFact: 48 ms with the
@@ -156,10 +156,17 @@ class FirstStageConfig:
     # against 1.52x the compute floor), QPS at 16 callers equal, the same answers. See retrieval/search/runner.py
     # and docs/results/interactive-cascade.md.
     solo_when_idle: bool = True
+    # chunks from which a solo search runs BM25 beside its dense search (with ``parallel``): served alternately, a
+    # 1M index's search gained 0.4 ms p50 and a 10k one's lost 0.3 (the thread handoff, and three runnable threads
+    # on two cores while the embedder's runtime still spins); at 1M BM25 and HNSW-SQ8 are each 1-3 ms, at 10k
+    # 0.2 and 0.7 (docs/results/scale.md)
+    solo_beside_from: int = 250_000
 
     def __post_init__(self) -> None:
         if not 1 <= self.candidates <= self.max_candidates:
             raise ValueError(f"candidates must be in [1, {self.max_candidates}], got {self.candidates}")
+        if self.solo_beside_from < 0:
+            raise ValueError(f"first_stage.solo_beside_from must be >= 0, got {self.solo_beside_from}")
 
 
 @dataclass(frozen=True)
