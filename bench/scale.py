@@ -56,6 +56,7 @@ from bench.harness import plots as plotting
 from bench.harness.loadgen import LevelSpec, RequestSpec, answer_each, measure_level
 from bench.harness.server import run_measured, served, server_status
 from bench.harness.stats import mapped_files_mib, proc_memory_mib
+from bench.scale_rebuild import measure_rebuild, rebuild_kept
 from bench.scale_recall import corpus_queries, measure_recall, recall_sweep
 
 # A snapshot's files grouped into parts by name (the first path component or the file name, fnmatch patterns, the
@@ -374,60 +375,9 @@ def measure_size(size: int, args: argparse.Namespace, queries: list[tuple[str, s
           f"{out['recall'].get('recall')} (in domain {(out['recall'].get('in_domain') or {}).get('recall')})",
           file=sys.stderr)
     if args.rebuild_writes:
-        out["rebuild"] = measure_rebuild(corpus, index, args, log_dir)
+        out["rebuild"] = measure_rebuild(corpus, index, args, log_dir, run_build)
     if not args.keep_indexes:
         shutil.rmtree(index, ignore_errors=True)
-    return out
-
-
-def measure_rebuild(corpus: Path, index: Path, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
-    """``--rebuild-writes N``: N documents of the corpus edited (a sentence appended, as a user's edit), then the
-    product's build run again into the same index: only the edited passages are embedded (``cached`` vectors:
-    the real model on every miss), the rest reused from the snapshot by chunk key; the index structures rebuilt."""
-    edited = log_dir / f"edited-{index.name}.jsonl"
-    nonce = time.time_ns()  # a text no earlier run recorded: the edits are embedded by the model, not the cache
-    n = 0
-    with open(corpus) as src, open(edited, "w") as dst:
-        for line in src:
-            if n < args.rebuild_writes:
-                row = json.loads(line)
-                row["text"] += f" Edited for the rebuild bench, revision {nonce}."
-                line = json.dumps(row) + "\n"
-            n += 1
-            dst.write(line)
-    out = run_build(edited, index, "cached", args, [Path(args.vectors_dir) / "debian"], log_dir, fresh=False)
-    out["writes"] = min(args.rebuild_writes, n)
-    print(f"  rebuilt after {out['writes']} writes in {out['wall_s']} s: {out.get('embedded')} passages embedded, "
-          f"{out.get('reused')} reused; {out['timings']}", file=sys.stderr)
-    return out
-
-
-def rebuild_kept(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
-    """``--rebuild-indexes A,B``: each kept index rebuilt from its corpus with ``--rebuild-writes`` documents
-    edited (:func:`measure_rebuild`): the build's time, split and peak memory (anonymous and file-backed) at each
-    size, by the code as it is, with nothing but the edits embedded. The peaks' growth per passage between sizes is
-    what the build holds per passage."""
-    from bench.scale_corpus import ensure_corpus
-
-    out: dict[str, Any] = {}
-    for index in [Path(p) for p in args.rebuild_indexes.split(",") if p]:
-        manifest = json.loads((snapshot_folder(index) / "manifest.json").read_text())
-        size = int(manifest["counts"]["documents"])
-        corpus, _ = ensure_corpus(Path(args.corpus_dir), size, args.seed)
-        print(f"size {size}: {index}", file=sys.stderr)
-        entry = measure_rebuild(corpus, index, args, log_dir)
-        entry["passages"] = size
-        print(f"  peak RSS {entry['peak_rss_mib']} MiB (anonymous {entry['peak_anon_mib']}, file-backed "
-              f"{entry['peak_file_mib']}); anonymous as the assembly's steps end {entry.get('anon_mib_at')}",
-              file=sys.stderr)
-        out[str(size)] = entry
-    sizes = sorted(int(n) for n in out)
-    for a, b in zip(sizes, sizes[1:], strict=False):
-        ea, eb = out[str(a)], out[str(b)]
-        eb["anon_growth_per_passage_bytes"] = round((eb["peak_anon_mib"] - ea["peak_anon_mib"]) * 2**20 / (b - a), 1)
-        at_a, at_b = ea.get("anon_mib_at") or {}, eb.get("anon_mib_at") or {}
-        eb["held_growth_per_passage_bytes"] = {k: round((at_b[k] - at_a[k]) * 2**20 / (b - a), 1)
-                                               for k in at_b if k in at_a}
     return out
 
 
@@ -538,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             write_result(args.json, "scale_recall", config, result)
             return 0
         if args.rebuild_indexes:
-            result = {"rebuilds": rebuild_kept(args, log_dir), "code": code_version()}
+            result = {"rebuilds": rebuild_kept(args, log_dir, run_build), "code": code_version()}
             config = {"rebuild_indexes": args.rebuild_indexes, "rebuild_writes": args.rebuild_writes,
                       "config": args.config}
             write_result(args.json, "scale_rebuild", config, result)

@@ -260,7 +260,7 @@ def mostly_words(paragraph: str, share: float = 0.5) -> bool:
 
 def sentences(paragraph: str, max_words: int) -> list[str]:
     """A paragraph's sentences, any longer than ``max_words`` cut into pieces of that many words."""
-    out = []
+    out: list[str] = []
     for s in _SENTENCE.split(paragraph):
         w = s.split()
         out += [" ".join(w[i:i + max_words]) for i in range(0, len(w), max_words)] if len(w) > max_words else [s]
