@@ -106,6 +106,7 @@ class Pipeline:
         self.index = index
         self.embedder, self.cross_encoder, self.cache, self.tracer, self.config = (embedder, cross_encoder, cache,
                                                                                    tracer, config)
+        self._beside = self._beside_for(index)
         self.token_encoder = token_encoder or make_token_encoder(config.late_interaction, embedder)
         self.models = ModelCalls(embedder, self.token_encoder, cross_encoder, config.batching,
                                  pair_cache=config.rerank.ce_cache_pairs)
@@ -136,7 +137,14 @@ class Pipeline:
     def publish(self, view: IndexView) -> None:
         """Serve ``view`` from the next request on (an atomic reference swap; requests in flight keep theirs).
         The live index calls this with every new view (``live.on_publish(pipeline.publish)``)."""
+        self._beside = self._beside_for(view)  # before the view: a request never sees a view with another's
         self.index = view
+
+    def _beside_for(self, view: IndexView) -> bool:
+        """Whether a solo search over ``view`` runs BM25 beside its dense search (``first_stage.parallel`` and
+        ``solo_beside_from`` chunks): decided once per published view (a live view builds ``chunk_doc``)."""
+        first = self.config.first_stage
+        return first.parallel and view.in_process and len(view.chunk_doc) >= first.solo_beside_from
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -234,9 +242,7 @@ class Pipeline:
             return None
         if not self._solo_lock.acquire(blocking=False):
             return None
-        first = self.config.first_stage
-        beside = first.parallel and len(self.index.chunk_doc) >= first.solo_beside_from
-        return ThreadRunner(self.models, self._solo_beside if beside else None)
+        return ThreadRunner(self.models, self._solo_beside if self._beside else None)
 
     def _leave(self) -> None:
         with self._entered_lock:
