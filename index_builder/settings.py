@@ -46,6 +46,10 @@ class RuntimeConfig:
     # a model run back to back, but the spinning takes the cores from every other model in the process. Off for a
     # model that runs between others (the cross-encoder: docs/results/interactive-cascade.md).
     allow_spinning: bool = True
+    # With spinning allowed, the threads still spin on after a run returns, waiting for the next one: the cores are
+    # held through the stages that follow (faiss, BM25, the rows read). ``spin_after_run = false``
+    # (``session.force_spinning_stop``) keeps the spinning inside a run and stops it when the run returns.
+    spin_after_run: bool = True
 
     def __post_init__(self) -> None:
         if self.graph_optimization not in GRAPH_OPTIMIZATIONS:
