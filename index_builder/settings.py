@@ -46,10 +46,12 @@ class RuntimeConfig:
     # a model run back to back, but the spinning takes the cores from every other model in the process. Off for a
     # model that runs between others (the cross-encoder: docs/results/interactive-cascade.md).
     allow_spinning: bool = True
-    # With spinning allowed, the threads still spin on after a run returns, waiting for the next one: the cores are
-    # held through the stages that follow (faiss, BM25, the rows read). ``spin_after_run = false``
-    # (``session.force_spinning_stop``) keeps the spinning inside a run and stops it when the run returns.
-    spin_after_run: bool = True
+    # With spinning allowed, the threads also spin on after a run returns, waiting for the next one, and hold the
+    # cores through the stages that follow (faiss, BM25, the rows read). ``spin_after_run = false`` (the default;
+    # ``session.force_spinning_stop``) keeps the spinning inside a run and stops it when the run returns: served at
+    # 1M passages the dense stage went 4.0-4.5 -> 3.0-3.3 ms, and neutral or better at 10k and in the cascade
+    # (docs/results/scale.md, "ONNX Runtime's threads stop spinning when a run returns").
+    spin_after_run: bool = False
 
     def __post_init__(self) -> None:
         if self.graph_optimization not in GRAPH_OPTIMIZATIONS:
