@@ -83,7 +83,7 @@ class DenseRetriever:
         return hits
 
     def _rescore(self, q: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The candidates' exact inner products, best first (their rows read from the memory-mapped vectors)."""
+        """The candidates' exact inner products, best first (only their rows read: ``self.rows``)."""
         ids = np.sort(ids[ids >= 0])
         scores = np.asarray(self.rows[ids]) @ q
         order = np.argsort(-scores, kind="stable")

@@ -110,9 +110,10 @@ class ThreadRunner:
     ``beside``: a thread (one, kept by the pipeline) for the one overlap that pays when a search runs alone: work
     started early (BM25) runs there while this thread runs the index call it was passed ``beside`` (the dense
     search: faiss holds no lock and one core), not beside the query embedding (ONNX already uses both cores).
-    Measured in one process: BM25 + dense at 1M passages 3.3 -> 1.8 ms, at 10k 0.47 -> 0.36 ms; served, where the
-    embedder's runtime still spins on the cores after the query's run, -0.4 ms at 1M and +0.3 ms at 10k, so the
-    pipeline passes ``beside`` from ``first_stage.solo_beside_from`` chunks."""
+    Measured in one process: BM25 + dense at 1M passages 3.3 -> 1.8 ms, at 10k 0.47 -> 0.36 ms; served, -0.4 ms at 1M
+    and +0.3 ms at 10k (with the embedder's threads still spinning after its run; since they stop, 10k with it
+    from 0 chunks was within the noise), so the pipeline passes ``beside`` from ``first_stage.solo_beside_from``
+    chunks."""
 
     def __init__(self, models: ModelCalls, beside: Executor | None = None) -> None:
         self.models = models

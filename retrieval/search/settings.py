@@ -158,8 +158,9 @@ class FirstStageConfig:
     solo_when_idle: bool = True
     # chunks from which a solo search runs BM25 beside its dense search (with ``parallel``): served alternately, a
     # 1M index's search gained 0.4 ms p50 and a 10k one's lost 0.3 (the thread handoff, and three runnable threads
-    # on two cores while the embedder's runtime still spins); at 1M BM25 and HNSW-SQ8 are each 1-3 ms, at 10k
-    # 0.2 and 0.7 (docs/results/scale.md)
+    # on two cores while the embedder's runtime still spun after its run; with ``spin_after_run = false``, 10k from
+    # 0 chunks was within the noise: 5.9 against 6.4 ms); at 1M BM25 and HNSW-SQ8 are each 1-3 ms, at 10k 0.2 and
+    # 0.7 (docs/results/scale.md)
     solo_beside_from: int = 250_000
 
     def __post_init__(self) -> None:
