@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridrag.folder_sync import add_folder_args, add_sync_parser
+from hybridrag.folder_sync import add_folder_args, add_ownership_args, add_sync_parser
 from index_builder.errors import HybridRagError
 
 log = logging.getLogger("hybridrag")
@@ -58,7 +58,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     seq = 0
     folder_summary: Any = None
     if is_folder_corpus(args.corpus):  # a folder of files: readers, and a summary of what changed since last time
-        stream, seq, folder_summary, counted = build_folder(args, config)
+        folder = build_folder(args)
+        stream, seq, folder_summary, counted = folder.documents, folder.covered_seq, folder.summary, folder.total
         report = CorpusReport(path=str(args.corpus))
         print(f"reading the folder {args.corpus} ({counted} candidate files)", file=sys.stderr)
     elif args.store:  # the store becomes the source of truth; the snapshot records the sequence number it covers
@@ -85,7 +86,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                              covered_seq=seq, total=len(stream) if isinstance(stream, list) else counted,
                              cluster=getattr(args, "ray", None))
     if folder_summary is not None:
-        print(str(folder_summary))
+        print(folder_summary())
     if report.skipped:
         print(f"skipped {report.skipped} bad line(s); first: {report.errors[0]}", file=sys.stderr)
     print(f"built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
@@ -513,6 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "or HOST:PORT): chunking in tasks, encoder actors writing the checkpoint segments "
                         "([build.ray]; needs the ray extra)")
     add_folder_args(p)
+    add_ownership_args(p)
     _add_common(p)
     p.set_defaults(func=cmd_build)
     add_sync_parser(sub, _add_common)

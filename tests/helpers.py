@@ -19,13 +19,15 @@ CE_MODEL = SHARED / "models" / "ce-minilm-l6-beir-train"
 
 
 class ServeProcess:
-    """``python -m hybridrag serve ARGS --port 0 --metrics-port 0``; returns once it logs the port it serves on.
+    """``python -m hybridrag serve ARGS --port PORT --metrics-port 0``; returns once it logs the port it serves on.
     Its stderr is drained on a thread into ``lines`` (a full pipe would block the server). ``env``: extra
-    variables (``clean_env`` drops the caller's ``HYBRIDRAG_*`` first)."""
+    variables (``clean_env`` drops the caller's ``HYBRIDRAG_*`` first); ``port``: 0 = any free one (a restart on
+    the same port passes the one it had)."""
 
-    def __init__(self, args: Sequence[str], *, env: Mapping[str, str] | None = None, clean_env: bool = False) -> None:
+    def __init__(self, args: Sequence[str], *, env: Mapping[str, str] | None = None, clean_env: bool = False,
+                 port: int = 0) -> None:
         base = {k: v for k, v in os.environ.items() if not (clean_env and k.startswith("HYBRIDRAG_"))}
-        self.proc = subprocess.Popen([sys.executable, "-m", "hybridrag", "serve", *args, "--port", "0",
+        self.proc = subprocess.Popen([sys.executable, "-m", "hybridrag", "serve", *args, "--port", str(port),
                                       "--metrics-port", "0"], stderr=subprocess.PIPE, text=True, errors="replace",
                                      env={**base, **(env or {})}, cwd=REPO)
         self.lines: list[str] = []
