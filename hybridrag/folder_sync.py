@@ -86,19 +86,17 @@ def api_key(args: argparse.Namespace) -> str:
 
 def cmd_sync(args: argparse.Namespace) -> int:
     from retrieval.folders import FolderSync, ServerTarget, sync_retrying, watch
-    from retrieval.serving.client import ClientOptions, RetrieverClient
 
-    try:
-        client = RetrieverClient(args.server, ClientOptions(api_key=api_key(args), tls_ca=args.tls_ca or ""))
-    except OSError as e:
-        raise ConfigError(f"cannot read --tls-ca {args.tls_ca}: {e.strerror}") from None
+    if args.watch < 0 or args.retry_for < 0:
+        raise ConfigError("--watch and --retry-for take a number of seconds >= 0")
+    target = ServerTarget.connect(args.server, api_key(args), args.tls_ca or "", say=say,
+                                  key_hint="set HYBRIDRAG_API_KEY or give --api-key-file")
 
     def show(result: Any) -> None:
         print_skipped(result.report)
         print(f"{args.folder}: {result.summary()} ({result.seconds:.1f} s)", flush=True)
 
     try:
-        target = ServerTarget(client, args.server, key_hint="set HYBRIDRAG_API_KEY or give --api-key-file", say=say)
         sync = FolderSync(args.folder, target, sync_options(args), say)
         if not args.watch:
             show(sync_retrying(sync, args.retry_for, say))
@@ -111,7 +109,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        client.close()
+        target.close()
 
 
 def add_sync_parser(sub: Any, add_common) -> None:
@@ -137,13 +135,4 @@ def build_folder(args: argparse.Namespace) -> Any:
     """``build --corpus DIR``'s documents (:class:`retrieval.folders.FolderBuild`)."""
     from retrieval.folders import folder_build
 
-    options, out = sync_options(args), Path(args.out)
-    if not args.store:
-        return folder_build(args.corpus, options, out, on_read=print_skipped, say=say)
-    from retrieval.live.store import DocumentStore
-
-    store = DocumentStore(args.store)
-    try:
-        return folder_build(args.corpus, options, out, store, on_read=print_skipped, say=say)
-    finally:
-        store.close()
+    return folder_build(args.corpus, sync_options(args), Path(args.out), args.store, on_read=print_skipped, say=say)

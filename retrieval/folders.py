@@ -46,10 +46,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING
 
 from index_builder.corpus import MAX_ID_CHARS
-from index_builder.errors import HybridRagError
 from index_builder.folder import (
     FolderOptions,
     FolderReport,
@@ -61,47 +60,29 @@ from index_builder.folder import (
     source_name,
 )
 from index_builder.types import Document
+from retrieval.folder_targets import (
+    MAX_BACKOFF_S,
+    PAGE,
+    Listed,
+    Refused,
+    Say,
+    ServerTarget,
+    StoreTarget,
+    SyncError,
+    SyncUnavailable,
+    Target,
+    TargetRefused,
+)
 
 if TYPE_CHECKING:
     from retrieval.live.store import DocumentStore
-    from retrieval.serving.client import RetrieverClient
+
+__all__ = ["FolderBuild", "FolderSync", "Refused", "ServerTarget", "SourceState", "StoreTarget", "SyncError",
+           "SyncOptions", "SyncResult", "SyncUnavailable", "Target", "documents", "folder_build", "read_folder",
+           "sync_retrying", "watch"]
 
 BATCH_DOCS = 32  # documents per write: each is chunked and embedded by the server before it answers
 BATCH_BYTES = 8 * 2**20  # under the server's 16 MiB request limit
-PAGE = 1000  # documents per listing page (the server's largest)
-MAX_BACKOFF_S = 30.0
-Say = Callable[[str], None]
-
-
-class SyncError(HybridRagError):
-    """A refusal the operator must act on (a key, a tenant, a folder that clashes): one line, no retry."""
-
-
-class SyncUnavailable(SyncError):
-    """The target did not answer (down, restarting, busy past its retries): a later round may succeed."""
-
-
-class TargetRefused(SyncError):
-    """The target refused a call (not a busy or absent one): ``code`` (the gRPC status name) and its ``details``."""
-
-    def __init__(self, message: str, code: str, details: str) -> None:
-        super().__init__(message)
-        self.code, self.details = code, details
-
-
-class Refused(Exception):
-    """The target refused one write (an id another tenant holds, a document it finds invalid): the file is
-    skipped with ``reason``."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class Listed(NamedTuple):
-    id: str
-    tenant: str
-    metadata: Mapping[str, str]
 
 
 # ---------------------------------------------------------------------- reading
@@ -221,117 +202,6 @@ class SourceState:
         return replace(d, metadata={**d.metadata, "source_id": self.source_id, "source_mark": mark})
 
 
-# ---------------------------------------------------------------------- targets
-
-class Target(Protocol):
-    """Where a folder is synced to. ``tenant`` "" = every tenant (a key for all tenants, or a store)."""
-
-    name: str
-
-    def list_page(self, tenant: str, filters: Mapping[str, str], after: str) -> tuple[list[Listed], str]:
-        """A page of documents in id order and the ``after`` of the next page ("" at the end)."""
-
-    def held(self, tenant: str, ids: list[str]) -> set[str]:
-        """Which of ``ids`` the target holds, from any writer (sorted ``ids``, all of ``tenant``)."""
-
-    def upsert(self, docs: list[Document]) -> None:
-        """Write a batch; :class:`Refused` when the target refuses it as a whole."""
-
-    def delete(self, ids: list[str], tenant: str) -> None: ...
-
-
-class StoreTarget:
-    """A document store opened by this process (``build --corpus DIR --store S``)."""
-
-    def __init__(self, store: DocumentStore) -> None:
-        self.store = store
-        self.name = f"the store {store.path}" if hasattr(store, "path") else "the store"
-
-    def list_page(self, tenant: str, filters: Mapping[str, str], after: str) -> tuple[list[Listed], str]:
-        rows = self.store.list_documents(tenant=tenant or None, filters=filters, after=after, limit=PAGE)
-        return [Listed(i, t, m) for i, t, _, m, _ in rows], rows[-1][0] if len(rows) == PAGE else ""
-
-    def held(self, tenant: str, ids: list[str]) -> set[str]:
-        return {i for i in ids if self.store.get(i) is not None}
-
-    def upsert(self, docs: list[Document]) -> None:
-        from retrieval.errors import InvalidRequest, PermissionDenied
-
-        try:
-            self.store.upsert(docs)
-        except (InvalidRequest, PermissionDenied) as e:
-            raise Refused(str(e)) from None
-
-    def delete(self, ids: list[str], tenant: str) -> None:
-        self.store.delete(ids, tenant=tenant or None)
-
-
-class ServerTarget:
-    """A running ``serve --store`` over gRPC. Calls the server refuses because it is busy (RESOURCE_EXHAUSTED) are
-    retried with backoff; a server that does not answer is :class:`SyncUnavailable`; other refusals are
-    :class:`SyncError` naming what was refused (``key_hint`` says where the key comes from)."""
-
-    TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED", "ABORTED", "INTERNAL",
-                 "UNKNOWN")
-
-    def __init__(self, client: RetrieverClient, address: str, *, key_hint: str = "", busy_attempts: int = 6,
-                 say: Say | None = None) -> None:
-        self.client, self.name, self.key_hint, self.busy_attempts = client, address, key_hint, busy_attempts
-        self.say = say or (lambda _: None)
-
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
-        import grpc
-
-        for attempt in range(self.busy_attempts):
-            try:
-                return fn()
-            except grpc.RpcError as e:
-                code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
-                details = (e.details() if hasattr(e, "details") else "") or ""
-                details = " ".join(details.split())[:300]
-                if code == grpc.StatusCode.RESOURCE_EXHAUSTED and attempt < self.busy_attempts - 1:
-                    wait = min(MAX_BACKOFF_S, 2.0 ** attempt)
-                    self.say(f"{what}: the server is busy ({details}); retrying in {wait:.0f} s")
-                    time.sleep(wait)
-                    continue
-                if code.name in self.TRANSIENT:
-                    raise SyncUnavailable(f"{self.name} is unavailable ({code.name}: {details})") from None
-                if code == grpc.StatusCode.UNAUTHENTICATED:
-                    raise SyncError(f"{self.name} refused the API key: {details}"
-                                    + (f" ({self.key_hint})" if self.key_hint else "")) from None
-                raise TargetRefused(f"{self.name} refused {what}: {code.name}: {details}", code.name,
-                                    details) from None
-        raise AssertionError("unreachable")
-
-    def list_page(self, tenant: str, filters: Mapping[str, str], after: str) -> tuple[list[Listed], str]:
-        page = self._call("a listing", lambda: self.client.list_documents(tenant=tenant, filters=filters, after=after,
-                                                                     limit=PAGE, timeout=60.0))
-        return [Listed(d.id, d.tenant, dict(d.metadata)) for d in page.documents], page.next_after
-
-    def held(self, tenant: str, ids: list[str]) -> set[str]:
-        """A scan of ``tenant``'s ids from just before the first of ``ids`` to the last (one call per page)."""
-        wanted, found, after = set(ids), set(), ids[0][:-1]
-        while True:
-            page, after = self.list_page(tenant, {}, after)
-            found |= wanted.intersection(d.id for d in page)
-            if not after or after >= ids[-1]:
-                return found
-
-    def upsert(self, docs: list[Document]) -> None:
-        from retrieval.api import retriever_pb2 as pb
-
-        msgs = [pb.Document(id=d.id, title=d.title, text=d.text, tenant=d.tenant, metadata=d.metadata) for d in docs]
-        try:
-            self._call("an upsert", lambda: self.client.upsert(msgs, timeout=600.0))
-        except TargetRefused as e:
-            if e.code not in ("PERMISSION_DENIED", "INVALID_ARGUMENT"):
-                raise
-            raise Refused(f"the server refused it: {e.details}") from None
-
-    def delete(self, ids: list[str], tenant: str) -> None:
-        self._call(f"a delete in tenant {tenant!r}", lambda: self.client.delete(ids, tenant=tenant, timeout=120.0))
-
-
 # ---------------------------------------------------------------------- one round
 
 @dataclass(frozen=True)
@@ -416,8 +286,8 @@ class FolderSync:
         t0 = time.perf_counter()
         docs, report = read_folder(self.root, self.options.folder, id_prefix=self.options.id_prefix, cache=self.cache)
         tenants = self.tenants(docs)
-        self.state.remember(self.state.tenants | set(tenants))  # before any write: a later round lists them all
         mine, others = self.listing(tenants)
+        self.state.remember(self.state.tenants | set(tenants))  # before any write: a later round lists them all
         existing = {i: (d.metadata.get("content_hash", ""), d.tenant) for i, d in mine.items()}
         ids = {d.id for d in docs}
         if self.options.adopt:  # rewritten with this sync's marks (hash "" makes each an update)
@@ -440,7 +310,8 @@ class FolderSync:
         to_check: dict[str, list[str]] = {}
         for d in added:
             if d.id in others:
-                self.conflicts[d.id] = (digest(d), f"source {self.source!r} of another folder, machine or writer")
+                self.conflicts[d.id] = (digest(d), f"source {self.source!r} of another folder, machine or writer: "
+                                        "--adopt takes it over if it is this folder's")
             elif self.conflicts.get(d.id, ("",))[0] != digest(d):
                 self.conflicts.pop(d.id, None)
                 to_check.setdefault(d.tenant, []).append(d.id)
@@ -553,15 +424,24 @@ class FolderBuild:
     summary: Callable[[], str]
 
 
-def folder_build(root: str | Path, options: SyncOptions, index_root: Path, store: DocumentStore | None = None, *,
-                 on_read: Callable[[FolderReport], None] = lambda _: None, say: Say | None = None) -> FolderBuild:
+def folder_build(root: str | Path, options: SyncOptions, index_root: Path, store: DocumentStore | str | Path | None = None,
+                 *, on_read: Callable[[FolderReport], None] = lambda _: None, say: Say | None = None) -> FolderBuild:
     """The documents of a build from a folder; ``on_read`` gets the reading report once every file is read. With
-    ``store``: the store is synced first (as ``sync`` does) and the build reads the whole store; without: the
-    folder is streamed, and compared with the previous generation of ``index_root`` only for the summary (a
-    snapshot built from a folder holds exactly that folder, so no ownership is at stake)."""
+    ``store`` (a store, or the path of one to open): the store is synced first (as ``sync`` does) and the build
+    reads the whole store; without: the folder is streamed, and compared with the previous generation of
+    ``index_root`` only for the summary (a snapshot built from a folder holds exactly that folder, so no ownership
+    is at stake)."""
     from index_builder.errors import CorpusError
 
     root = Path(root)
+    if isinstance(store, (str, Path)):
+        from retrieval.live.store import DocumentStore
+
+        opened = DocumentStore(store)
+        try:
+            return folder_build(root, options, index_root, opened, on_read=on_read, say=say)
+        finally:
+            opened.close()
     if store is not None:
         result = FolderSync(root, StoreTarget(store), options, say).run()
         on_read(result.report)

@@ -20,6 +20,12 @@ from tests.index_builder.test_folder import make_folder
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def _state(tmp_path, monkeypatch):
+    """Each test's sync state (each source's secret) in its own folder, not the user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+
 def hybridrag(*args: str) -> subprocess.CompletedProcess:
     out = subprocess.run([sys.executable, "-m", "hybridrag", *args], capture_output=True, text=True, cwd=REPO,
                          timeout=600)

@@ -131,7 +131,9 @@ def test_two_folders_of_one_name_and_api_writers_keep_their_documents(server, tm
 
 def test_tenant_maps_with_bound_keys_and_moves_both_ways(server, tmp_path, capsys, monkeypatch):
     root = tmp_path / "handbook"
-    write(root, {"intro.md": 7, "team/plan.md": 8, "pay/salary.md": 9})
+    write(root, {"intro.md": 7, "team/plan.md": 8, "pay/salary.md": 9, "taken.md": 14})
+    with RetrieverClient(server.target, ClientOptions(api_key="k-b", timeout=120)) as c:  # another tenant's id
+        c.upsert([pb.Document(id="taken.md", text=PASSAGES[15]["text"], tenant="initech")])
     maps = tmp_path / "maps"
     maps.mkdir()
     (maps / "acme.json").write_text(json.dumps({"team/*": "acme", "*.md": "acme"}))
@@ -139,7 +141,8 @@ def test_tenant_maps_with_bound_keys_and_moves_both_ways(server, tmp_path, capsy
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("HYBRIDRAG_API_KEY", "k-a")
     rc, out, err = sync(capsys, str(root), "--server", server.target, "--tenant-map", str(maps / "acme.json"))
-    assert rc == 0 and "added 3" in out, (rc, out, err)
+    assert rc == 0 and "added 3, updated 0, deleted 0, unchanged 0, skipped 1" in out, (rc, out, err)
+    assert "skipped taken.md: the server refused it: document 0 ('taken.md'): this id cannot be written" in err
 
     # A map that can put a file in a tenant the key may not write: refused, naming that tenant; nothing written.
     rc, out, err = sync(capsys, str(root), "--server", server.target, "--tenant-map", str(maps / "split.json"))
@@ -150,7 +153,7 @@ def test_tenant_maps_with_bound_keys_and_moves_both_ways(server, tmp_path, capsy
     for tenant, args in [("initech", ["--tenant-map", str(maps / "split.json")]), ("acme", ["--tenant", "acme"]),
                          ("initech", ["--tenant-map", str(maps / "split.json")])]:
         rc, out, err = sync(capsys, str(root), "--server", server.target, *args)
-        assert rc == 0 and "updated 1, deleted 0, unchanged 2" in out, (tenant, rc, out, err)
+        assert rc == 0 and "updated 1, deleted 0, unchanged 2, skipped 1" in out, (tenant, rc, out, err)
         docs = listed(server, source="handbook")
         assert {i: t for i, (t, _) in docs.items()} == {"intro.md": "acme", "team/plan.md": "acme",
                                                         "pay/salary.md": tenant}
