@@ -27,7 +27,7 @@ def add_folder_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tenant-map", metavar="FILE", help="JSON or TOML: {glob: tenant}, the first match wins")
     g.add_argument("--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB, help="skip larger files")
     g.add_argument("--source", default="", help="the name recorded on every document (default: the folder's "
-                                                 "name); a second folder of the same name needs its own")
+                                                 "name); a sync deletes only documents it wrote")
     g.add_argument("--strict", action="store_true", help="fail on the first file that cannot be read")
 
 

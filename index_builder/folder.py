@@ -303,7 +303,8 @@ def iter_folder(root: str | Path, options: FolderOptions | None = None, report: 
 @dataclass
 class SyncPlan:
     """What bringing an index in step with a folder does: documents to upsert (new and changed), ids to delete
-    (documents of the same source whose file is gone), and how many are unchanged. ``moved``: updated ids whose
+    (documents this folder's sync wrote whose file is gone: :mod:`retrieval.folders` decides which those are), and
+    how many are unchanged. ``moved``: updated ids whose
     tenant changed (an id belongs to one tenant, so these are deleted before they are written again)."""
 
     added: list[Document] = field(default_factory=list)
@@ -321,8 +322,8 @@ class SyncPlan:
 
 
 def plan_sync(docs: list[Document], existing: Mapping[str, tuple[str, str]]) -> SyncPlan:
-    """Compare the folder's documents with ``existing`` (id -> (content hash, tenant) of the documents already
-    indexed from this source): new ids are added, another hash or tenant is updated, an id no longer in the folder
+    """Compare the folder's documents with ``existing`` (id -> (content hash, tenant) of the documents this folder
+    wrote before, and nothing else: whatever is in it may be deleted): new ids are added, another hash or tenant is updated, an id no longer in the folder
     is deleted.
 
     >>> d = lambda i, h, t="": Document(id=i, text="t", tenant=t, metadata={"content_hash": h})

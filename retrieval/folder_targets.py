@@ -23,7 +23,7 @@ Say = Callable[[str], None]
 
 
 class SyncError(HybridRagError):
-    """A refusal the operator must act on (a key, a tenant, a folder that clashes): one line, no retry."""
+    """A refusal the operator must act on (a key, a tenant, a damaged state): one line, no retry."""
 
 
 class SyncUnavailable(SyncError):

@@ -8,24 +8,15 @@ and ``hybridrag sync`` (the command line only parses and prints).
   through outages; :func:`folder_build` gives ``build`` its documents (against the previous snapshot, or through
   a store).
 
-Who owns a document. A document's ``source`` metadata names the folder (its name, or ``--source``), but metadata is
-anyone's to write, so it proves nothing. Each source has a secret kept on the machine that syncs it (the *state*:
-``STATE_DIR/<source>.json``, mode 0600, with the folder's path and the tenants written to). Every document the sync
-writes carries ``source_id`` (a public name of that secret) and ``source_mark``, an HMAC of (source, id, tenant,
-content hash) under the secret. A listed document is this sync's only when its mark verifies: an API writer who
-copies a document's metadata onto another id, another tenant or other content makes a mark that does not, and
-without the secret cannot make one that does. The deletion pass deletes only documents whose mark verifies; the
-others of the same source name are *left alone* and counted. (Someone who rewrites one of the sync's own ids
-keeping its metadata byte for byte is treated as the sync's document at that id: it is updated and deleted with
-its file.)
-
-Two folders of one name. On one machine the state names the folder that keeps the source: a second folder of that
-name is refused (give it its own ``--source``); if the first folder no longer exists, the folder *moved* and the
-state follows it. On another machine (another state), each sync leaves the other's documents alone, and a file
-whose id the target already holds from another writer is skipped with its reason, never written over (a
-``--id-prefix`` keeps two folders' ids apart). Moving to a new machine: copy the state file, or run once with
-``adopt``, which takes over this source's documents at this folder's ids (rewritten with new marks, so embedded
-again) and never deletes one it did not write. Documents written before marks existed are adopted the same way.
+Who owns a document (:mod:`retrieval.folder_state`): each folder that syncs a source has a secret on the machine
+that syncs it, and every document it writes carries a mark made with it; a listed document is the sync's only when
+its mark verifies. The deletion pass deletes only those; the other documents of the same source name (an API
+writer's, another folder's, another machine's) are *left alone* and counted, and a file whose id the target already
+holds from another writer is skipped with its reason, never written over (``id_prefix`` keeps two folders' ids
+apart). Two folders of one name get two secrets; a folder that moved on its machine keeps its own. On a new machine
+(or with the state lost) ``adopt`` takes over this source's documents at this folder's ids (rewritten with new
+marks, so embedded again) and deletes none it did not write; documents written before marks existed are adopted
+the same way.
 
 Tenants. A sync lists, tenant by tenant, every tenant it may touch: those the tenant map names, those of the files
 read, and those it wrote to before (from the state), so a key bound to tenants can sync its own, a file a map
@@ -35,12 +26,6 @@ with that tenant named, before anything is written.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-import os
-import re
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -60,6 +45,7 @@ from index_builder.folder import (
     source_name,
 )
 from index_builder.types import Document
+from retrieval.folder_state import SourceState
 from retrieval.folder_targets import (
     MAX_BACKOFF_S,
     PAGE,
@@ -125,83 +111,6 @@ def batches(docs: Iterable[Document], max_docs: int = BATCH_DOCS, max_bytes: int
         yield batch
 
 
-# ---------------------------------------------------------------------- the source's state (who owns what)
-
-@dataclass
-class SourceState:
-    """The local state of one source: its secret, the folder that keeps it, the tenants it wrote to."""
-
-    path: Path
-    name: str
-    folder: str
-    secret: bytes
-    tenants: set[str] = field(default_factory=set)
-
-    @classmethod
-    def open(cls, state_dir: Path, name: str, folder: Path, *, adopt: bool = False, say: Say | None = None
-             ) -> SourceState:
-        """This machine's state of source ``name`` for ``folder`` (created on first use); SyncError when another
-        folder that still exists keeps the source (unless ``adopt``)."""
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:40]
-        path = Path(state_dir) / f"{slug}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}.json"
-        here = str(folder.resolve())
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-            state = cls(path, name, raw["folder"], bytes.fromhex(raw["secret"]), set(raw.get("tenants", ())))
-        except FileNotFoundError:
-            state = cls(path, name, here, secrets.token_bytes(32))
-            state.save()
-            return state
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SyncError(f"cannot read the sync state {path}: {e}") from None
-        if state.folder != here:
-            if Path(state.folder).is_dir() and not adopt:
-                raise SyncError(f"the source {name!r} is kept by the folder {state.folder} (state {path}); {here} "
-                                "is another folder: give it its own --source NAME (or --adopt if it replaces that "
-                                "folder)")
-            if say is not None:
-                say(f"the folder of source {name!r} moved from {state.folder} to {here}")
-            state.folder = here
-            state.save()
-        return state
-
-    def save(self) -> None:
-        """Atomically, readable by its owner only (it holds the secret)."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"source": self.name, "folder": self.folder, "secret": self.secret.hex(),
-                           "tenants": sorted(self.tenants)}, f)
-            os.replace(tmp, self.path)
-        except OSError as e:
-            raise SyncError(f"cannot write the sync state {self.path}: {e.strerror or e}") from None
-
-    def remember(self, tenants: Iterable[str]) -> None:
-        tenants = set(tenants)
-        if tenants != self.tenants:
-            self.tenants = tenants
-            self.save()
-
-    @property
-    def source_id(self) -> str:
-        return hashlib.sha256(b"source-id\0" + self.secret).hexdigest()[:16]
-
-    def mark(self, doc_id: str, tenant: str, content_hash: str) -> str:
-        message = "\0".join((self.name, doc_id, tenant, content_hash)).encode("utf-8", "surrogatepass")
-        return hmac.new(self.secret, message, hashlib.sha256).hexdigest()[:32]
-
-    def owns(self, d: Listed) -> bool:
-        m = d.metadata
-        return (m.get("source") == self.name and m.get("source_id") == self.source_id
-                and hmac.compare_digest(m.get("source_mark", ""), self.mark(d.id, d.tenant, m.get("content_hash", ""))))
-
-    def marked(self, d: Document) -> Document:
-        mark = self.mark(d.id, d.tenant, d.metadata.get("content_hash", ""))
-        return replace(d, metadata={**d.metadata, "source_id": self.source_id, "source_mark": mark})
-
-
 # ---------------------------------------------------------------------- one round
 
 @dataclass(frozen=True)
@@ -246,7 +155,7 @@ class FolderSync:
 
             raise CorpusError("not a folder", path=str(self.root))
         self.source = source_name(self.root, options.folder)
-        self.state = SourceState.open(options.state_dir, self.source, self.root, adopt=options.adopt, say=self.say)
+        self.state = SourceState.open(options.state_dir, self.source, self.root, say=self.say)
         self.cache: dict = {}
         self.conflicts: dict[str, tuple[str, str]] = {}  # id -> (content hash, reason): re-checked when it changes
 

@@ -104,22 +104,22 @@ def test_two_folders_of_one_name_and_api_writers_keep_their_documents(server, tm
                   pb.Document(id="api-named", title="named", text=PASSAGES[6]["text"], tenant="acme",
                               metadata={"source": "docs"})])
 
-    # A second folder named "docs" on the same machine: refused before it writes or deletes anything.
+    # A second folder named "docs" on the same machine: its own source id; its new file is added, its shared.md is
+    # not written over team A's, and nothing it did not write is deleted.
     rc, out, err = sync(capsys, str(team_b), "--server", server.target, "--tenant", "acme")
-    line = refused(rc, err)
-    assert "--source" in line and str(team_a) in line
-    assert listed(server, source="docs") == {**before, "api-copy": ("acme", before["alpha.md"][1]),
-                                              "api-named": ("acme", {"source": "docs"})}
-
-    # The same name on another machine (its own state): its new file is added, its shared.md is not written over
-    # team A's, and nothing it did not write is deleted.
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "host2"))
-    rc, out, err = sync(capsys, str(team_b), "--server", server.target, "--tenant", "acme")
-    assert rc == 0 and "added 1, updated 0, deleted 0" in out, (rc, out, err)
+    assert rc == 0 and "added 1, updated 0, deleted 0, unchanged 0, skipped 1" in out, (rc, out, err)
+    assert "5 documents of source 'docs' that this sync did not write left alone" in out
+    assert f"another folder of source 'docs' is synced from this machine ({team_a})" in err
     assert "skipped shared.md: its id is held by a document this sync did not write" in err
     now = listed(server, source="docs")
     assert set(now) == {"alpha.md", "beta.md", "shared.md", "gamma.md", "api-copy", "api-named"}
-    assert now["shared.md"] == before["shared.md"]
+    assert now["shared.md"] == before["shared.md"] and now["gamma.md"][1]["source_id"] != before["alpha.md"][1]["source_id"]
+
+    # On another machine (its own state) the same: team B's gamma.md is not its either.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "host2"))
+    rc, out, err = sync(capsys, str(team_b), "--server", server.target, "--tenant", "acme")
+    assert rc == 0 and "added 0, updated 0, deleted 0, unchanged 0, skipped 2" in out, (rc, out, err)
+    assert set(listed(server, source="docs")) == set(now)
 
     # Team A removes a file: only the document its own sync wrote goes (not the API's copy of its metadata).
     (team_a / "alpha.md").unlink()

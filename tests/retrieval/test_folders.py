@@ -61,12 +61,14 @@ def test_two_folders_of_one_name_a_move_and_another_machine(tmp_path, store):
     write(team_b, {"two.md": 2, "shared.md": 3})
     run(team_a, store, tmp_path / "host1")
     shared = store.get("shared.md")
-    with pytest.raises(SyncError, match=f"kept by the folder {team_a}.*--source"):
-        run(team_b, store, tmp_path / "host1")
-    other = run(team_b, store, tmp_path / "host2")  # another machine: apart, nothing written over
+    said: list[str] = []
+    other = run(team_b, store, tmp_path / "host1", said)  # its own secret: apart, nothing written over
     assert [d.id for d in other.plan.added] == ["two.md"] and other.left_alone == 2
+    assert said == [f"another folder of source 'docs' is synced from this machine ({team_a}): this one gets its own "
+                    "source id (--source NAME tells them apart by name too)"]
     assert [(s.path, "this sync did not write" in s.reason) for s in other.report.skipped] == [("shared.md", True)]
     assert store.get("shared.md") == shared
+    assert store.get("two.md").metadata["source_id"] != shared.metadata["source_id"]
     prefixed = run(team_b, store, tmp_path / "host3", source="docs-b", id_prefix="b/")
     assert sorted(d.id for d in prefixed.plan.added) == ["b/shared.md", "b/two.md"]
 
@@ -74,7 +76,7 @@ def test_two_folders_of_one_name_a_move_and_another_machine(tmp_path, store):
     moved = tmp_path / "moved" / "docs"
     moved.parent.mkdir()
     shutil.move(team_a, moved)
-    said: list[str] = []
+    said.clear()
     again = run(moved, store, tmp_path / "host1", said)
     assert again.plan.summary() == "added 0, updated 0, deleted 0, unchanged 2, skipped 0"
     assert said == [f"the folder of source 'docs' moved from {team_a} to {moved}"]
@@ -105,7 +107,7 @@ def test_tenants_moved_both_ways_and_an_id_another_tenant_holds(tmp_path, store)
         assert result.plan.moved == ["pay/salary.md"] and result.plan.deleted == []
         assert held(store)["pay/salary.md"] == tenant
     state = json.loads(next((tmp_path / "state").glob("handbook-*.json")).read_text())
-    assert state["tenants"] == ["acme"] and state["folder"] == str(root)
+    assert list(state["folders"]) == [str(root)] and state["folders"][str(root)]["tenants"] == ["acme"]
     assert (next((tmp_path / "state").glob("handbook-*.json")).stat().st_mode & 0o777) == 0o600
 
 
@@ -125,9 +127,14 @@ def test_build_from_a_folder_through_a_store_keeps_api_documents(tmp_path, store
 
 
 def test_the_state_refuses_what_it_cannot_read(tmp_path):
-    (tmp_path / "state").mkdir()
     SourceState.open(tmp_path / "state", "docs", tmp_path)
     path = next((tmp_path / "state").glob("docs-*.json"))
     path.write_text("{not json")
     with pytest.raises(SyncError, match="cannot read the sync state"):
         SourceState.open(tmp_path / "state", "docs", tmp_path)
+    path.write_text(json.dumps({"folders": {str(tmp_path): {"secret": "zz"}}}))
+    with pytest.raises(SyncError, match="is damaged"):
+        SourceState.open(tmp_path / "state", "docs", tmp_path)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SyncError, match="cannot use the sync state folder"):
+        SourceState.open(tmp_path / "file" / "state", "docs", tmp_path)
