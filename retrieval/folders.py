@@ -125,6 +125,10 @@ class SyncOptions:
     batch_docs: int = BATCH_DOCS
     batch_bytes: int = BATCH_BYTES
 
+    def __post_init__(self) -> None:
+        if len(self.id_prefix) > 256 or not self.id_prefix.isprintable():
+            raise SyncError(f"the id prefix must be at most 256 printable characters, got {self.id_prefix!r:.80}")
+
 
 @dataclass
 class SyncResult:

@@ -127,6 +127,8 @@ def test_build_from_a_folder_through_a_store_keeps_api_documents(tmp_path, store
 
 
 def test_the_state_refuses_what_it_cannot_read(tmp_path):
+    with pytest.raises(SyncError, match="id prefix"):
+        SyncOptions(tmp_path, id_prefix="a\x1b[2Jb/")
     SourceState.open(tmp_path / "state", "docs", tmp_path)
     path = next((tmp_path / "state").glob("docs-*.json"))
     path.write_text("{not json")
