@@ -23,7 +23,7 @@ import numpy as np
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Span, SpanKind, Tracer
 
-from index_builder.corpus import MAX_ID_CHARS, check_metadata_key, check_tenant
+from index_builder.corpus import MAX_ID_CHARS, check_tenant, lone_surrogate, without_surrogates
 from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import (
@@ -38,7 +38,7 @@ from retrieval.errors import (
     Unauthenticated,
 )
 from retrieval.generation.generator import GeneratorSetup, Passages, Stats, Token
-from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, WriteResult
+from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, DocumentPage, WriteResult
 from retrieval.observability.tracing import NO_TRACER, set_error
 from retrieval.search.filters import Filter
 from retrieval.search.pipeline import Pipeline
@@ -153,7 +153,7 @@ class Writer(Protocol):
     def rebuild(self) -> object: ...
 
     def list_documents(self, *, tenant: str | None = None, filters: Mapping[str, str] | None = None,
-                       after: str = "", limit: int = MAX_BATCH) -> list[tuple[str, str, str, dict[str, str], int]]: ...
+                       after: str = "", limit: int = MAX_BATCH) -> DocumentPage: ...
 
     @property
     def view(self) -> WrittenView: ...
@@ -192,25 +192,55 @@ def _stage_ranks(result: SearchResult, docs: list[int]) -> dict[int, list[pb.Sta
     return out
 
 
+def wire(s: str) -> str:
+    r"""A stored name (an id, a tenant, a metadata key or value) as a protobuf string field takes it: one that
+    somehow holds a lone surrogate (a snapshot or store row written before names were checked, or by another tool)
+    has it escaped as ``\udce9``, visible and distinct, rather than failing the whole answer.
+
+    >>> wire("caf\udce9"), wire("café")
+    ('caf\\udce9', 'café')
+    """
+    return s if lone_surrogate(s) < 0 else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _passage(doc: Document, c: int, score: float, text: str, stages: list[pb.StageScore],
+             highlights: Sequence[Any]) -> pb.Passage:
+    def build(doc_id: str, title: str, text: str, tenant: str, metadata: dict[str, str]) -> pb.Passage:
+        return pb.Passage(doc_id=doc_id, chunk_id=c, title=title, text=text, score=score, stages=stages, tenant=tenant,
+                          metadata=metadata,
+                          highlights=[pb.Highlight(start=h.start, end=h.end, text=text[h.start:h.end], score=h.score)
+                                      for h in highlights])
+    metadata = {k: str(v) for k, v in doc.metadata.items()}
+    try:
+        return build(doc.id, doc.title, text, doc.tenant, metadata)
+    except UnicodeEncodeError:  # a lone surrogate somewhere (see wire): escaped, U+FFFD in text (offsets hold)
+        return build(wire(doc.id), without_surrogates(doc.title), without_surrogates(text), wire(doc.tenant),
+                     {wire(k): wire(v) for k, v in metadata.items()})
+
+
 def to_response(pipeline: Pipeline, result: SearchResult, request_id: str) -> pb.RetrieveResponse:
     index = result.index  # the generation that served the request (a swap may have happened since)
     passages = []
     docs = result.hits.doc.tolist()
     ranks = _stage_ranks(result, docs)
     for d, s, c in zip(docs, result.hits.scores.tolist(), result.hits.chunk.tolist(), strict=True):
-        doc = index.documents[d]
-        text = index.passage(int(c))
-        passages.append(pb.Passage(doc_id=doc.id, chunk_id=int(c), title=doc.title, text=text,
-                                   score=float(s), stages=ranks[d], tenant=doc.tenant,
-                                   metadata={k: str(v) for k, v in doc.metadata.items()},
-                                   highlights=[pb.Highlight(start=h.start, end=h.end, text=text[h.start:h.end],
-                                                            score=h.score) for h in result.highlights.get(c, ())]))
+        passages.append(_passage(index.documents[d], int(c), float(s), index.passage(int(c)), ranks[d],
+                                 result.highlights.get(c, ())))
     return pb.RetrieveResponse(
         passages=passages, timings_ms={k: float(v) for k, v in result.timings_ms.items()},
         stages_run=[s for s in result.stages if s != "fused"],
         skipped=[pb.SkippedStage(stage=k, reason=v) for k, v in result.skipped.items()],
         degraded=result.degraded, index_generation=result.generation, request_id=request_id,
         cache_hit=result.cache_hit, cache_similarity=result.cache_similarity)
+
+
+def document_info(doc_id: str, tenant: str, title: str, metadata: dict[str, str], seq: int) -> pb.DocumentInfo:
+    """A listed document as its message (a stored name that somehow holds a lone surrogate escaped: :func:`wire`)."""
+    try:
+        return pb.DocumentInfo(id=doc_id, tenant=tenant, title=title, metadata=metadata, sequence=seq)
+    except UnicodeEncodeError:
+        return pb.DocumentInfo(id=wire(doc_id), tenant=wire(tenant), title=without_surrogates(title),
+                               metadata={wire(k): wire(v) for k, v in metadata.items()}, sequence=seq)
 
 
 def stats_message(event: Stats) -> pb.GenerateStats:
@@ -467,7 +497,10 @@ class ServiceCore:
         return pb.DeleteResponse(sequence=result.seq, deleted=result.count)
 
     async def list_documents(self, caller: Caller, request: pb.ListDocumentsRequest) -> pb.ListDocumentsResponse:
-        """A page of the store's documents without their text; a key bound to tenants lists only the one it names."""
+        """A page of the store's documents without their text; a key bound to tenants lists only the one it names.
+        The filters obey Retrieve's limits (:meth:`Filter.of`: count, key and value rules); a filtered page examines
+        a bounded number of rows, so it may hold fewer than ``limit`` documents, even none, with ``next_after`` set
+        (:meth:`retrieval.live.store.DocumentStore.list_page`)."""
         self.authorize(caller, request.tenant)
         writer = self.writer()
         limit = request.limit or MAX_BATCH
@@ -475,18 +508,12 @@ class ServiceCore:
             raise InvalidRequest(f"'limit' must be in [1, {MAX_BATCH}] (0 = {MAX_BATCH}), got {request.limit}")
         if len(request.after) > MAX_ID_CHARS:
             raise InvalidRequest(f"'after' is {len(request.after)} characters; ids are at most {MAX_ID_CHARS}")
-        filters = dict(request.filters)
-        for key in filters:
-            try:
-                check_metadata_key(key)
-            except ValueError as e:
-                raise InvalidRequest(str(e)) from None
+        filters = dict(Filter.of(request.tenant, dict(request.filters)).metadata)
         with self.admitted(caller, "read"):
-            rows = await asyncio.get_running_loop().run_in_executor(None, lambda: writer.list_documents(
+            page = await asyncio.get_running_loop().run_in_executor(None, lambda: writer.list_documents(
                 tenant=request.tenant or None, filters=filters, after=request.after, limit=limit))
-        docs = [pb.DocumentInfo(id=i, tenant=t, title=title, metadata=meta, sequence=seq)
-                for i, t, title, meta, seq in rows]
-        return pb.ListDocumentsResponse(documents=docs, next_after=docs[-1].id if len(docs) == limit else "")
+        return pb.ListDocumentsResponse(documents=[document_info(*row) for row in page.rows],
+                                        next_after=wire(page.next_after))
 
     async def rebuild(self, caller: Caller) -> pb.RebuildResponse:
         tenants = self.authenticate(caller)
