@@ -218,7 +218,54 @@ def _passage(doc: Document, c: int, score: float, text: str, stages: list[pb.Sta
                      {wire(k): wire(v) for k, v in metadata.items()})
 
 
-def to_response(pipeline: Pipeline, result: SearchResult, request_id: str) -> pb.RetrieveResponse:
+MAX_MESSAGE_BYTES_DEFAULT = 16 * 2**20  # [server] max_message_mb's default
+# The most an answer may be serialized: gRPC's default receive limit, the one every client has unless it raises it
+# (Python, Go, Java, grpcurl: 4 MiB), and never over [server] max_message_mb. A larger answer is refused by the
+# client itself with RESOURCE_EXHAUSTED; HTTP bodies get the same bound.
+MAX_ANSWER_BYTES = 4 * 2**20
+# What an answer leaves for the gRPC frame and a Generate event's wrapper, below the limit.
+MESSAGE_HEADROOM = 64 * 2**10
+
+
+def fit_response(response: pb.RetrieveResponse, limit: int) -> pb.RetrieveResponse:
+    """``response`` within ``limit`` bytes serialized (:data:`MAX_ANSWER_BYTES`: past it gRPC fails the call with
+    RESOURCE_EXHAUSTED, a code that means overload, and HTTP sent 18 MB bodies): when it is over, the passages'
+    texts are cut, the longest first, to a common size in bytes that fits (water-filling: a short passage keeps its
+    whole text), each cut one marked ``truncated`` with its full ``text_chars``, and its highlights past the cut
+    dropped. InvalidRequest naming the limit when even the answer without its texts does not fit (many passages
+    with large titles and metadata): fewer passages (``top_k``) would."""
+    budget = limit - MESSAGE_HEADROOM
+    size = response.ByteSize()
+    if size <= budget:
+        return response
+    raw = [p.text.encode("utf-8") for p in response.passages]
+    available = budget - (size - sum(len(b) for b in raw))
+    n = len(raw)
+    if available <= 64 * n:
+        raise InvalidRequest(f"the answer would be {size} bytes, over the limit of {limit} bytes on an answer "
+                             f"(gRPC clients' default receive limit) even with its passages' texts cut: ask for fewer "
+                             f"passages than {n} (top_k)")
+    cap, left = 0, available
+    for i, b in enumerate(sorted(len(r) for r in raw)):
+        if b * (n - i) > left:
+            cap = left // (n - i)
+            break
+        left -= b
+    for p, b in zip(response.passages, raw, strict=True):
+        if len(b) <= cap:
+            continue
+        full = len(p.text)
+        text = b[:cap].decode("utf-8", errors="ignore")  # at a character boundary
+        kept = [h for h in p.highlights if h.end <= len(text)]
+        p.text, p.truncated, p.text_chars = text, True, full
+        del p.highlights[:]
+        p.highlights.extend(kept)
+    return response
+
+
+def to_response(pipeline: Pipeline, result: SearchResult, request_id: str,
+                max_bytes: int = MAX_ANSWER_BYTES) -> pb.RetrieveResponse:
+    """The answer's message, within ``max_bytes`` serialized (:func:`fit_response`)."""
     index = result.index  # the generation that served the request (a swap may have happened since)
     passages = []
     docs = result.hits.doc.tolist()
@@ -226,12 +273,12 @@ def to_response(pipeline: Pipeline, result: SearchResult, request_id: str) -> pb
     for d, s, c in zip(docs, result.hits.scores.tolist(), result.hits.chunk.tolist(), strict=True):
         passages.append(_passage(index.documents[d], int(c), float(s), index.passage(int(c)), ranks[d],
                                  result.highlights.get(c, ())))
-    return pb.RetrieveResponse(
+    return fit_response(pb.RetrieveResponse(
         passages=passages, timings_ms={k: float(v) for k, v in result.timings_ms.items()},
         stages_run=[s for s in result.stages if s != "fused"],
         skipped=[pb.SkippedStage(stage=k, reason=v) for k, v in result.skipped.items()],
         degraded=result.degraded, index_generation=result.generation, request_id=request_id,
-        cache_hit=result.cache_hit, cache_similarity=result.cache_similarity)
+        cache_hit=result.cache_hit, cache_similarity=result.cache_similarity), max_bytes)
 
 
 def document_info(doc_id: str, tenant: str, title: str, metadata: dict[str, str], seq: int) -> pb.DocumentInfo:
@@ -260,10 +307,12 @@ class ServiceCore:
     (UNAUTHENTICATED before anything about the request), then the request, then does the work under the
     caller's admission slot and deadline."""
 
-    def __init__(self, state: ServiceState, max_in_flight: int, max_writes_in_flight: int) -> None:
+    def __init__(self, state: ServiceState, max_in_flight: int, max_writes_in_flight: int,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES_DEFAULT) -> None:
         self.state = state
         self.max_in_flight = max_in_flight
         self.max_writes_in_flight = max_writes_in_flight
+        self.max_answer_bytes = min(max_message_bytes, MAX_ANSWER_BYTES)  # both doors' answers (fit_response)
 
     # ------------------------------------------------------------------ checks
 
@@ -375,7 +424,7 @@ class ServiceCore:
             # may fire late on busy cores, and a late OK would then look like a met deadline)
             raise DeadlineExceeded("the call's deadline passed while it ran (its answer was dropped)")
         self.state.metrics.observe_search(result)
-        response = to_response(pipeline, result, request_id)
+        response = to_response(pipeline, result, request_id, self.max_answer_bytes)
         log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms,
                   extra={"request_id": request_id, "timings_ms": result.timings_ms})
         return response
@@ -406,7 +455,8 @@ class ServiceCore:
                         yield pb.GenerateResponse(token=event.text)
                     elif isinstance(event, Passages):
                         self.state.metrics.observe_search(event.result)
-                        yield pb.GenerateResponse(passages=to_response(pipeline, event.result, request_id))
+                        yield pb.GenerateResponse(passages=to_response(pipeline, event.result, request_id,
+                                                                               self.max_answer_bytes))
                         llm_span = self.state.tracer.start_span("hybridrag.llm", context=otel_context.get_current())
                     elif isinstance(event, Stats):
                         yield pb.GenerateResponse(stats=stats_message(event))
