@@ -197,24 +197,30 @@ def _cursor(after: str) -> bytes:
         return after.encode("utf-8", "surrogatepass")
 
 
-def page_query(tenant: str | None, filters: Mapping[str, str], after: str, rows: int) -> tuple[str, list[Any]]:
-    """The SQL of one listing page and its parameters: up to ``rows`` rows after ``after`` in id order (of
-    ``tenant``'s through the ``(tenant, id)`` index when given), each with ``ok``: whether its metadata holds every
-    ``filters`` pair (title and metadata are read only for those)."""
+def page_queries(tenant: str | None, filters: Mapping[str, str], after: str, limit: int, scan: int,
+                 end: str | None = None) -> tuple[tuple[str, list[Any]] | None, tuple[str, list[Any]]]:
+    """The SQL of one listing page with its parameters, in id order after ``after`` (``tenant``'s through the
+    ``(tenant, id)`` index when given): with ``filters``, the id where a scan of ``scan`` rows ends (none when
+    fewer remain), and up to ``limit`` + 1 rows up to ``end`` (that id; None: no bound) whose metadata holds every
+    pair, evaluated in SQLite; without filters, the rows alone. Both walk an index range and read only the rows
+    they return."""
     where, params = ["id > CAST(? AS TEXT)"], [_cursor(after)]
     if tenant is not None:
         where.insert(0, "tenant = ?")
         params.insert(0, tenant)
-    match: list[str] = []
-    match_params: list[Any] = []
+    rows_sql = "SELECT id, tenant, title, metadata, seq FROM documents WHERE {} ORDER BY id LIMIT ?"
+    if not filters:
+        return None, (rows_sql.format(" AND ".join(where)), [*params, limit + 1])
+    boundary = (f"SELECT id FROM documents WHERE {' AND '.join(where)} ORDER BY id LIMIT 1 OFFSET ?",
+                [*params, scan - 1])
+    match, match_params = list(where), list(params)
+    if end is not None:
+        match.append("id <= CAST(? AS TEXT)")
+        match_params.append(_cursor(end))
     for key, value in filters.items():
         match.append("json_extract(metadata, ?) = ?")
         match_params.extend([f'$."{key}"', value])
-    ok = " AND ".join(match) or "1"
-    sql = ("SELECT id, ok, tenant, CASE WHEN ok THEN title END, CASE WHEN ok THEN metadata END, seq FROM "
-           f"(SELECT id, tenant, title, metadata, seq, ({ok}) AS ok FROM documents WHERE {' AND '.join(where)} "
-           "ORDER BY id LIMIT ?)")
-    return sql, [*match_params, *params, int(rows)]
+    return boundary, (rows_sql.format(" AND ".join(match)), [*match_params, limit + 1])
 
 
 class DocumentStore:
@@ -360,20 +366,23 @@ class DocumentStore:
         those whose metadata holds every ``filters`` pair. A filtered page examines at most ``max(scan, limit)``
         rows and stops there (see :class:`DocumentPage`). On a read connection: writers do not wait for it."""
         filters = dict(filters or {})
-        window = max(int(scan), limit) if filters else limit + 1  # unfiltered: one more row says whether more follow
-        sql, params = page_query(tenant, filters, after, window)
+        scan = max(int(scan), limit)
+        boundary, rows_q = page_queries(tenant, filters, after, limit, scan)
+        end: str | None = None  # where a filtered page's scan stops (None: fewer than ``scan`` rows remain)
         with self._reading() as db:
-            rows = _fetch(db, sql, params)
-        out: list[tuple[str, str, str, dict[str, str], int]] = []
-        for doc_id, ok, t, title, meta, seq in rows:
-            if not ok:
-                continue
-            if len(out) == limit:  # a match past a full page: the next page starts after the page's last
-                return DocumentPage(out, out[-1][0])
-            out.append((doc_id, t, title, json.loads(meta), int(seq)))
-        if len(rows) < window:  # the scan reached the last document: nothing follows
-            return DocumentPage(out, "")
-        return DocumentPage(out, rows[-1][0])  # the scan stopped (filtered): go on after the last row it examined
+            db.execute("BEGIN")  # one read snapshot for both statements
+            try:
+                if boundary is not None:
+                    found = _fetch(db, *boundary)
+                    end = found[0][0] if found else None
+                    _, rows_q = page_queries(tenant, filters, after, limit, scan, end)
+                rows = _fetch(db, *rows_q)
+            finally:
+                db.execute("COMMIT")
+        out = [(i, t, title, json.loads(meta), int(seq)) for i, t, title, meta, seq in rows[:limit]]
+        if len(rows) > limit:  # more matches follow the full page
+            return DocumentPage(out, out[-1][0])
+        return DocumentPage(out, end or "")  # the scan stopped at ``end``: go on from there; else nothing follows
 
     def list_documents(self, *, tenant: str | None = None, filters: Mapping[str, str] | None = None, after: str = "",
                        limit: int = MAX_BATCH) -> list[tuple[str, str, str, dict[str, str], int]]:
