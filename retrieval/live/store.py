@@ -204,7 +204,8 @@ def page_queries(tenant: str | None, filters: Mapping[str, str], after: str, lim
     fewer remain), and up to ``limit`` + 1 rows up to ``end`` (that id; None: no bound) whose metadata holds every
     pair, evaluated in SQLite; without filters, the rows alone. Both walk an index range and read only the rows
     they return."""
-    where, params = ["id > CAST(? AS TEXT)"], [_cursor(after)]
+    where: list[str] = ["id > CAST(? AS TEXT)"]
+    params: list[Any] = [_cursor(after)]
     if tenant is not None:
         where.insert(0, "tenant = ?")
         params.insert(0, tenant)
