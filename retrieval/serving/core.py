@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -201,6 +202,23 @@ def wire(s: str) -> str:
     ('caf\\udce9', 'café')
     """
     return s if lone_surrogate(s) < 0 else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_ESCAPED_BYTE = re.compile(r"\\udc([89a-f][0-9a-f])")
+
+
+def unwire(after: str) -> str:
+    r"""A listing cursor as given back: an id listed with :func:`wire`'s escapes of bytes that are not UTF-8
+    (``\udc80``-``\udcff``, what the store reads them as) is that id again, so paging moves past it instead of
+    listing it again (an id that really holds the text ``\udce9`` would be read as the byte: at worst a few ids
+    sharing its prefix are skipped).
+
+    >>> unwire("store-caf\\udce9") == "store-caf\udce9", unwire("plain")
+    (True, 'plain')
+    """
+    if "\\udc" not in after:
+        return after
+    return _ESCAPED_BYTE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), after)
 
 
 def _passage(doc: Document, c: int, score: float, text: str, stages: list[pb.StageScore],
@@ -556,12 +574,13 @@ class ServiceCore:
         limit = request.limit or MAX_BATCH
         if not 0 < limit <= MAX_BATCH:
             raise InvalidRequest(f"'limit' must be in [1, {MAX_BATCH}] (0 = {MAX_BATCH}), got {request.limit}")
-        if len(request.after) > MAX_ID_CHARS:
+        after = unwire(request.after[:8 * MAX_ID_CHARS])
+        if len(after) > MAX_ID_CHARS:
             raise InvalidRequest(f"'after' is {len(request.after)} characters; ids are at most {MAX_ID_CHARS}")
         filters = dict(Filter.of(request.tenant, dict(request.filters)).metadata)
         with self.admitted(caller, "read"):
             page = await asyncio.get_running_loop().run_in_executor(None, lambda: writer.list_documents(
-                tenant=request.tenant or None, filters=filters, after=request.after, limit=limit))
+                tenant=request.tenant or None, filters=filters, after=after, limit=limit))
         return pb.ListDocumentsResponse(documents=[document_info(*row) for row in page.rows],
                                         next_after=wire(page.next_after))
 
