@@ -3,6 +3,13 @@
 A line is ``{"_id": str, "title": str?, "text": str, "tenant": str?, "metadata": {str: scalar}?}`` (``id`` is
 accepted for ``_id``). Errors name the file and the 1-based line; with ``skip_bad=True`` bad lines are counted
 and skipped instead.
+
+Lone surrogates (JSON's ``"\\udce9"`` escape, or a Python ``str`` built from undecodable bytes) are not Unicode
+characters and cannot be encoded as UTF-8, so SQLite, protobuf and every JSON answer would fail on them later.
+What names something (the id, the tenant, metadata keys and values: filters match them exactly) is refused with an
+error naming it, since replacing would make two different names equal; what is only read (the title, the text)
+has each one replaced with U+FFFD, as a decoder does with a bad byte (a text cut inside a surrogate pair should
+not cost its document).
 """
 
 from __future__ import annotations
@@ -30,6 +37,36 @@ MAX_METADATA_VALUE_CHARS = 1_000
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_.\-]{0,64}$")
 _KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,63}$")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(s: str) -> int:
+    """The position of the first lone surrogate in ``s`` (a character UTF-8 cannot encode), or -1."""
+    if s.isascii():
+        return -1
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return -1
+
+
+def without_surrogates(s: str) -> str:
+    """``s`` with each lone surrogate replaced by U+FFFD (the same length, so character offsets hold).
+
+    >>> without_surrogates("caf\\udce9 ok")
+    'caf\ufffd ok'
+    """
+    return s if lone_surrogate(s) < 0 else _SURROGATE_RE.sub("\ufffd", s)
+
+
+def check_encodable(what: str, s: str) -> str:
+    """``s`` when UTF-8 can encode it; ValueError naming ``what``, the character and its position otherwise."""
+    at = lone_surrogate(s)
+    if at >= 0:
+        raise ValueError(f"{what} {s!r:.80} holds a lone surrogate (U+{ord(s[at]):04X}) at character {at}: "
+                         "not a Unicode character, it cannot be encoded as UTF-8")
+    return s
 
 
 def check_tenant(tenant: str) -> str:
@@ -62,7 +99,7 @@ def check_metadata_value(key: str, value: str) -> str:
                          f"{MAX_METADATA_VALUE_CHARS} are allowed")
     if _CONTROL_RE.search(value):
         raise ValueError(f"metadata {key!r} has a control character in its value")
-    return value
+    return check_encodable(f"metadata {key!r}: the value", value)
 
 
 @dataclass
@@ -118,6 +155,7 @@ def parse_document(obj: Any) -> Document:
         raise ValueError(f"'_id' must be a non-empty string, got {doc_id!r}")
     if len(doc_id) > MAX_ID_CHARS:
         raise ValueError(f"'_id' is {len(doc_id)} characters; at most {MAX_ID_CHARS} are allowed")
+    check_encodable("'_id'", doc_id)
     title = obj.get("title") or ""
     text = obj.get("text")
     if not isinstance(title, str):
@@ -136,7 +174,8 @@ def parse_document(obj: Any) -> Document:
                     for k, v in raw_meta.items()}
     except ValueError as e:
         raise ValueError(f"document {doc_id!r}: {e}") from None
-    return Document(id=doc_id, text=text, title=title, tenant=tenant, metadata=metadata)
+    return Document(id=doc_id, text=without_surrogates(text), title=without_surrogates(title), tenant=tenant,
+                    metadata=metadata)
 
 
 def iter_corpus(path: str | Path, *, skip_bad: bool = False, report: CorpusReport | None = None) -> Iterator[Document]:

@@ -54,7 +54,7 @@ class StageScore(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ...) -> None: ...
 
 class Passage(_message.Message):
-    __slots__ = ("doc_id", "chunk_id", "title", "text", "score", "stages", "tenant", "metadata", "highlights")
+    __slots__ = ("doc_id", "chunk_id", "title", "text", "score", "stages", "tenant", "metadata", "highlights", "truncated", "text_chars")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,8 @@ class Passage(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     HIGHLIGHTS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    TEXT_CHARS_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     chunk_id: int
     title: str
@@ -80,7 +82,9 @@ class Passage(_message.Message):
     tenant: str
     metadata: _containers.ScalarMap[str, str]
     highlights: _containers.RepeatedCompositeFieldContainer[Highlight]
-    def __init__(self, doc_id: _Optional[str] = ..., chunk_id: _Optional[int] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., stages: _Optional[_Iterable[_Union[StageScore, _Mapping]]] = ..., tenant: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., highlights: _Optional[_Iterable[_Union[Highlight, _Mapping]]] = ...) -> None: ...
+    truncated: bool
+    text_chars: int
+    def __init__(self, doc_id: _Optional[str] = ..., chunk_id: _Optional[int] = ..., title: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., stages: _Optional[_Iterable[_Union[StageScore, _Mapping]]] = ..., tenant: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., highlights: _Optional[_Iterable[_Union[Highlight, _Mapping]]] = ..., truncated: _Optional[bool] = ..., text_chars: _Optional[int] = ...) -> None: ...
 
 class Highlight(_message.Message):
     __slots__ = ("start", "end", "text", "score")

@@ -48,7 +48,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -644,7 +644,7 @@ class EngineWriter:
         """Nothing to do: the engine keeps its indexes current (Rebuild answers with the collection as it is)."""
         return None
 
-    def list_documents(self, **_: Any) -> list:
+    def list_documents(self, **_: Any) -> NoReturn:
         raise NotImplementedError("the engine backend keeps no document list to page through: ListDocuments needs "
                                   "the local backend's document store (serve --store)")
 

@@ -68,7 +68,7 @@ from rerank.late_interaction import LateInteractionReranker, Reordering, head_sc
 from retrieval.errors import InvalidRequest, Overloaded
 from retrieval.live.buffer import BufferState, Encoded, build_postings
 from retrieval.live.settings import LiveConfig  # noqa: F401  (re-exported: its section)
-from retrieval.live.store import MAX_BATCH, DocumentStore, WriteResult, check_deadline, validate_batch
+from retrieval.live.store import MAX_BATCH, DocumentPage, DocumentStore, WriteResult, check_deadline, validate_batch
 from retrieval.search.aggregate import top_docs_from_chunk_scores
 from retrieval.search.filters import Filter
 from retrieval.search.index import IndexSettings, SearchIndex
@@ -466,9 +466,10 @@ class LiveIndex:
         return result
 
     def list_documents(self, *, tenant: str | None = None, filters: Mapping[str, str] | None = None,
-                       after: str = "", limit: int = MAX_BATCH) -> list[tuple[str, str, str, dict[str, str], int]]:
-        """The store's documents, a page at a time (:meth:`retrieval.live.store.DocumentStore.list_documents`)."""
-        return self.store.list_documents(tenant=tenant, filters=filters, after=after, limit=limit)
+                       after: str = "", limit: int = MAX_BATCH) -> DocumentPage:
+        """The store's documents, a page at a time (:meth:`retrieval.live.store.DocumentStore.list_page`: on a read
+        connection, bounded per page)."""
+        return self.store.list_page(tenant=tenant, filters=filters, after=after, limit=limit)
 
     # ------------------------------------------------------------------ rebuild and swap
 

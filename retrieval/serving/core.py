@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import numpy as np
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Span, SpanKind, Tracer
 
-from index_builder.corpus import MAX_ID_CHARS, check_metadata_key, check_tenant
+from index_builder.corpus import MAX_ID_CHARS, check_tenant, lone_surrogate, without_surrogates
 from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import (
@@ -38,7 +39,7 @@ from retrieval.errors import (
     Unauthenticated,
 )
 from retrieval.generation.generator import GeneratorSetup, Passages, Stats, Token
-from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, WriteResult
+from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, DocumentPage, WriteResult
 from retrieval.observability.tracing import NO_TRACER, set_error
 from retrieval.search.filters import Filter
 from retrieval.search.pipeline import Pipeline
@@ -153,7 +154,7 @@ class Writer(Protocol):
     def rebuild(self) -> object: ...
 
     def list_documents(self, *, tenant: str | None = None, filters: Mapping[str, str] | None = None,
-                       after: str = "", limit: int = MAX_BATCH) -> list[tuple[str, str, str, dict[str, str], int]]: ...
+                       after: str = "", limit: int = MAX_BATCH) -> DocumentPage: ...
 
     @property
     def view(self) -> WrittenView: ...
@@ -192,25 +193,119 @@ def _stage_ranks(result: SearchResult, docs: list[int]) -> dict[int, list[pb.Sta
     return out
 
 
-def to_response(pipeline: Pipeline, result: SearchResult, request_id: str) -> pb.RetrieveResponse:
+def wire(s: str) -> str:
+    r"""A stored name (an id, a tenant, a metadata key or value) as a protobuf string field takes it: one that
+    somehow holds a lone surrogate (a snapshot or store row written before names were checked, or by another tool)
+    has it escaped as ``\udce9``, visible and distinct, rather than failing the whole answer.
+
+    >>> wire("caf\udce9"), wire("café")
+    ('caf\\udce9', 'café')
+    """
+    return s if lone_surrogate(s) < 0 else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_ESCAPED_BYTE = re.compile(r"\\udc([89a-f][0-9a-f])")
+
+
+def unwire(after: str) -> str:
+    r"""A listing cursor as given back: an id listed with :func:`wire`'s escapes of bytes that are not UTF-8
+    (``\udc80``-``\udcff``, what the store reads them as) is that id again, so paging moves past it instead of
+    listing it again (an id that really holds the text ``\udce9`` would be read as the byte: at worst a few ids
+    sharing its prefix are skipped).
+
+    >>> unwire("store-caf\\udce9") == "store-caf\udce9", unwire("plain")
+    (True, 'plain')
+    """
+    if "\\udc" not in after:
+        return after
+    return _ESCAPED_BYTE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), after)
+
+
+def _passage(doc: Document, c: int, score: float, text: str, stages: list[pb.StageScore],
+             highlights: Sequence[Any]) -> pb.Passage:
+    def build(doc_id: str, title: str, text: str, tenant: str, metadata: dict[str, str]) -> pb.Passage:
+        return pb.Passage(doc_id=doc_id, chunk_id=c, title=title, text=text, score=score, stages=stages, tenant=tenant,
+                          metadata=metadata,
+                          highlights=[pb.Highlight(start=h.start, end=h.end, text=text[h.start:h.end], score=h.score)
+                                      for h in highlights])
+    metadata = {k: str(v) for k, v in doc.metadata.items()}
+    try:
+        return build(doc.id, doc.title, text, doc.tenant, metadata)
+    except UnicodeEncodeError:  # a lone surrogate somewhere (see wire): escaped, U+FFFD in text (offsets hold)
+        return build(wire(doc.id), without_surrogates(doc.title), without_surrogates(text), wire(doc.tenant),
+                     {wire(k): wire(v) for k, v in metadata.items()})
+
+
+MAX_MESSAGE_BYTES_DEFAULT = 16 * 2**20  # [server] max_message_mb's default
+# The most an answer may be serialized: gRPC's default receive limit, the one every client has unless it raises it
+# (Python, Go, Java, grpcurl: 4 MiB), and never over [server] max_message_mb. A larger answer is refused by the
+# client itself with RESOURCE_EXHAUSTED; HTTP bodies get the same bound.
+MAX_ANSWER_BYTES = 4 * 2**20
+# What an answer leaves for the gRPC frame and a Generate event's wrapper, below the limit.
+MESSAGE_HEADROOM = 64 * 2**10
+
+
+def fit_response(response: pb.RetrieveResponse, limit: int) -> pb.RetrieveResponse:
+    """``response`` within ``limit`` bytes serialized (:data:`MAX_ANSWER_BYTES`: past it gRPC fails the call with
+    RESOURCE_EXHAUSTED, a code that means overload, and HTTP sent 18 MB bodies): when it is over, the passages'
+    texts are cut, the longest first, to a common size in bytes that fits (water-filling: a short passage keeps its
+    whole text), each cut one marked ``truncated`` with its full ``text_chars``, and its highlights past the cut
+    dropped. InvalidRequest naming the limit when even the answer without its texts does not fit (many passages
+    with large titles and metadata): fewer passages (``top_k``) would."""
+    budget = limit - MESSAGE_HEADROOM
+    size = response.ByteSize()
+    if size <= budget:
+        return response
+    raw = [p.text.encode("utf-8") for p in response.passages]
+    available = budget - (size - sum(len(b) for b in raw))
+    n = len(raw)
+    if available <= 64 * n:
+        raise InvalidRequest(f"the answer would be {size} bytes, over the limit of {limit} bytes on an answer "
+                             f"(gRPC clients' default receive limit) even with its passages' texts cut: ask for fewer "
+                             f"passages than {n} (top_k)")
+    cap, left = 0, available
+    for i, b in enumerate(sorted(len(r) for r in raw)):
+        if b * (n - i) > left:
+            cap = left // (n - i)
+            break
+        left -= b
+    for p, b in zip(response.passages, raw, strict=True):
+        if len(b) <= cap:
+            continue
+        full = len(p.text)
+        text = b[:cap].decode("utf-8", errors="ignore")  # at a character boundary
+        kept = [h for h in p.highlights if h.end <= len(text)]
+        p.text, p.truncated, p.text_chars = text, True, full
+        del p.highlights[:]
+        p.highlights.extend(kept)
+    return response
+
+
+def to_response(pipeline: Pipeline, result: SearchResult, request_id: str,
+                max_bytes: int = MAX_ANSWER_BYTES) -> pb.RetrieveResponse:
+    """The answer's message, within ``max_bytes`` serialized (:func:`fit_response`)."""
     index = result.index  # the generation that served the request (a swap may have happened since)
     passages = []
     docs = result.hits.doc.tolist()
     ranks = _stage_ranks(result, docs)
     for d, s, c in zip(docs, result.hits.scores.tolist(), result.hits.chunk.tolist(), strict=True):
-        doc = index.documents[d]
-        text = index.passage(int(c))
-        passages.append(pb.Passage(doc_id=doc.id, chunk_id=int(c), title=doc.title, text=text,
-                                   score=float(s), stages=ranks[d], tenant=doc.tenant,
-                                   metadata={k: str(v) for k, v in doc.metadata.items()},
-                                   highlights=[pb.Highlight(start=h.start, end=h.end, text=text[h.start:h.end],
-                                                            score=h.score) for h in result.highlights.get(c, ())]))
-    return pb.RetrieveResponse(
+        passages.append(_passage(index.documents[d], int(c), float(s), index.passage(int(c)), ranks[d],
+                                 result.highlights.get(c, ())))
+    return fit_response(pb.RetrieveResponse(
         passages=passages, timings_ms={k: float(v) for k, v in result.timings_ms.items()},
         stages_run=[s for s in result.stages if s != "fused"],
         skipped=[pb.SkippedStage(stage=k, reason=v) for k, v in result.skipped.items()],
         degraded=result.degraded, index_generation=result.generation, request_id=request_id,
-        cache_hit=result.cache_hit, cache_similarity=result.cache_similarity)
+        cache_hit=result.cache_hit, cache_similarity=result.cache_similarity), max_bytes)
+
+
+def document_info(doc_id: str, tenant: str, title: str, metadata: dict[str, str], seq: int) -> pb.DocumentInfo:
+    """A listed document as its message (a stored name that somehow holds a lone surrogate escaped: :func:`wire`)."""
+    try:
+        return pb.DocumentInfo(id=doc_id, tenant=tenant, title=title, metadata=metadata, sequence=seq)
+    except UnicodeEncodeError:
+        return pb.DocumentInfo(id=wire(doc_id), tenant=wire(tenant), title=without_surrogates(title),
+                               metadata={wire(k): wire(v) for k, v in metadata.items()}, sequence=seq)
 
 
 def stats_message(event: Stats) -> pb.GenerateStats:
@@ -230,10 +325,12 @@ class ServiceCore:
     (UNAUTHENTICATED before anything about the request), then the request, then does the work under the
     caller's admission slot and deadline."""
 
-    def __init__(self, state: ServiceState, max_in_flight: int, max_writes_in_flight: int) -> None:
+    def __init__(self, state: ServiceState, max_in_flight: int, max_writes_in_flight: int,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES_DEFAULT) -> None:
         self.state = state
         self.max_in_flight = max_in_flight
         self.max_writes_in_flight = max_writes_in_flight
+        self.max_answer_bytes = min(max_message_bytes, MAX_ANSWER_BYTES)  # both doors' answers (fit_response)
 
     # ------------------------------------------------------------------ checks
 
@@ -345,7 +442,7 @@ class ServiceCore:
             # may fire late on busy cores, and a late OK would then look like a met deadline)
             raise DeadlineExceeded("the call's deadline passed while it ran (its answer was dropped)")
         self.state.metrics.observe_search(result)
-        response = to_response(pipeline, result, request_id)
+        response = to_response(pipeline, result, request_id, self.max_answer_bytes)
         log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms,
                   extra={"request_id": request_id, "timings_ms": result.timings_ms})
         return response
@@ -376,7 +473,8 @@ class ServiceCore:
                         yield pb.GenerateResponse(token=event.text)
                     elif isinstance(event, Passages):
                         self.state.metrics.observe_search(event.result)
-                        yield pb.GenerateResponse(passages=to_response(pipeline, event.result, request_id))
+                        yield pb.GenerateResponse(passages=to_response(pipeline, event.result, request_id,
+                                                                               self.max_answer_bytes))
                         llm_span = self.state.tracer.start_span("hybridrag.llm", context=otel_context.get_current())
                     elif isinstance(event, Stats):
                         yield pb.GenerateResponse(stats=stats_message(event))
@@ -467,26 +565,24 @@ class ServiceCore:
         return pb.DeleteResponse(sequence=result.seq, deleted=result.count)
 
     async def list_documents(self, caller: Caller, request: pb.ListDocumentsRequest) -> pb.ListDocumentsResponse:
-        """A page of the store's documents without their text; a key bound to tenants lists only the one it names."""
+        """A page of the store's documents without their text; a key bound to tenants lists only the one it names.
+        The filters obey Retrieve's limits (:meth:`Filter.of`: count, key and value rules); a filtered page examines
+        a bounded number of rows, so it may hold fewer than ``limit`` documents, even none, with ``next_after`` set
+        (:meth:`retrieval.live.store.DocumentStore.list_page`)."""
         self.authorize(caller, request.tenant)
         writer = self.writer()
         limit = request.limit or MAX_BATCH
         if not 0 < limit <= MAX_BATCH:
             raise InvalidRequest(f"'limit' must be in [1, {MAX_BATCH}] (0 = {MAX_BATCH}), got {request.limit}")
-        if len(request.after) > MAX_ID_CHARS:
+        after = unwire(request.after[:8 * MAX_ID_CHARS])
+        if len(after) > MAX_ID_CHARS:
             raise InvalidRequest(f"'after' is {len(request.after)} characters; ids are at most {MAX_ID_CHARS}")
-        filters = dict(request.filters)
-        for key in filters:
-            try:
-                check_metadata_key(key)
-            except ValueError as e:
-                raise InvalidRequest(str(e)) from None
+        filters = dict(Filter.of(request.tenant, dict(request.filters)).metadata)
         with self.admitted(caller, "read"):
-            rows = await asyncio.get_running_loop().run_in_executor(None, lambda: writer.list_documents(
-                tenant=request.tenant or None, filters=filters, after=request.after, limit=limit))
-        docs = [pb.DocumentInfo(id=i, tenant=t, title=title, metadata=meta, sequence=seq)
-                for i, t, title, meta, seq in rows]
-        return pb.ListDocumentsResponse(documents=docs, next_after=docs[-1].id if len(docs) == limit else "")
+            page = await asyncio.get_running_loop().run_in_executor(None, lambda: writer.list_documents(
+                tenant=request.tenant or None, filters=filters, after=after, limit=limit))
+        return pb.ListDocumentsResponse(documents=[document_info(*row) for row in page.rows],
+                                        next_after=wire(page.next_after))
 
     async def rebuild(self, caller: Caller) -> pb.RebuildResponse:
         tenants = self.authenticate(caller)

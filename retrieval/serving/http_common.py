@@ -133,7 +133,8 @@ def retrieve_json(m: pb.RetrieveResponse) -> dict[str, Any]:
                       "stages": [{"stage": s.stage, "rank": s.rank, "score": _f32(s.score)} for s in p.stages],
                       "tenant": p.tenant, "metadata": dict(p.metadata),
                       "highlights": [{"start": h.start, "end": h.end, "text": h.text, "score": _f32(h.score)}
-                                     for h in p.highlights]} for p in m.passages],
+                                     for h in p.highlights], "truncated": p.truncated, "text_chars": p.text_chars}
+                     for p in m.passages],
         "timings_ms": {k: _f32(v) for k, v in m.timings_ms.items()}, "stages_run": list(m.stages_run),
         "skipped": [{"stage": s.stage, "reason": s.reason} for s in m.skipped], "degraded": m.degraded,
         "index_generation": m.index_generation, "request_id": m.request_id, "cache_hit": m.cache_hit,

@@ -88,7 +88,7 @@ async def start_server(config: ServerConfig, pipeline: Pipeline | None = None, *
     pipeline has its own, normally the same)."""
     state = ServiceState(api_keys=dict(api_keys or load_api_keys(config.api_keys_file)), generation=generation,
                          tracer=tracer)
-    core = ServiceCore(state, config.max_in_flight, config.max_writes_in_flight)
+    core = ServiceCore(state, config.max_in_flight, config.max_writes_in_flight, config.max_message_mb * 2**20)
     running = RunningServer(state, core, await start_grpc(core, config))
     if pipeline is not None:
         running.attach(pipeline, writer)

@@ -40,6 +40,9 @@ def test_reads_beir_gz_folder(tmp_path):
         (json.dumps({"text": "no id"}), "missing '_id'"),
         (json.dumps({"_id": "c", "text": "x", "metadata": {"k": [1]}}), "metadata value for key 'k'"),
         (json.dumps({"_id": "d", "text": "x", "tenant": "bad tenant!"}), "'tenant' must be"),
+        # issue 51: a lone surrogate (JSON's "\udce9" escape) in a name: refused per line, naming it
+        (json.dumps({"_id": "caf\udce9", "text": "x"}), r"'_id' 'caf\udce9' holds a lone surrogate (U+DCE9)"),
+        (json.dumps({"_id": "e", "text": "x", "metadata": {"k": "v\ud800"}}), "metadata 'k': the value 'v\\ud800' holds"),
     ],
 )
 def test_bad_line_names_file_and_line(tmp_path, bad, message):
@@ -56,6 +59,18 @@ def test_skip_bad_counts_and_keeps_good(tmp_path):
     docs, report = read_corpus(p, skip_bad=True)
     assert [d.id for d in docs] == ["a", "z"]
     assert report.skipped == 2 and len(report.errors) == 2 and ":2:" in report.errors[0]
+
+
+def test_lone_surrogates_skipped_in_names_replaced_in_text(tmp_path):
+    """Issue 51: an id, or a metadata value, holding a lone surrogate is a bad line (--skip-bad skips it, the rest is
+    read); in a title or a text each one becomes U+FFFD (same length: character offsets hold)."""
+    p = write_lines(tmp_path / "c.jsonl", [GOOD, json.dumps({"_id": "caf\udce9", "text": "x"}),
+                                           json.dumps({"_id": "t", "title": "caf\udce9", "text": "split \ud83d pair"})])
+    docs, report = read_corpus(p, skip_bad=True)
+    assert [d.id for d in docs] == ["a", "t"] and report.skipped == 1 and "lone surrogate" in report.errors[0]
+    assert docs[1].title == "caf\ufffd" and docs[1].text == "split \ufffd pair"
+    for d in docs:
+        (d.id + d.title + d.text + "".join(d.metadata.values())).encode("utf-8")  # all of it encodable
 
 
 def test_missing_file_and_empty_corpus(tmp_path):

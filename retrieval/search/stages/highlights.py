@@ -11,6 +11,11 @@ passages are encoded again, one batched encoder pass (the embedder's own token s
 request with ``[rerank] highlight_exact``. Highlights need the embedder's own token vectors (a separate ColBERT
 encoder's pieces carry markers the offsets do not) and a passage that late interaction scored for this request;
 otherwise a passage has none, and the request does not fail.
+
+Cost per passage is bounded: only its first :data:`rerank.highlights.MAX_CHARS` characters are tokenized, encoded
+and split (the first word pieces of a prefix are the passage's own, so the stored similarities still line up); a
+passage whose title alone is longer has none. Three passages of 400,000 characters, mostly white space: the stage
+took 668 ms (x38 a request's p50), now 14 ms (x2.5); of 20-50k characters: 16.5 -> 5.6 ms.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import numpy as np
 
 from index_builder.chunking import chunk_passage
 from index_builder.models import Embedder
-from rerank.highlights import Highlight, highlight_sentences
+from rerank.highlights import MAX_CHARS, Highlight, highlight_sentences
 from retrieval.search.results import SearchResult
 from retrieval.search.settings import RerankConfig
 from retrieval.search.stages.query import Query, ms_since
@@ -52,9 +57,11 @@ class HighlightStage:
         ``title\\npassage``), else from the passage encoded now (one batch for all of them)."""
         exact = self.config.highlight_exact
         stored = [late.token_sims(query_tokens, c) if late is not None and not exact else None for c in chunks]
+        skip = {i for i, (title, _) in enumerate(texts) if len(title) > MAX_CHARS}  # its tokens: all title's
+        texts = [("", "") if i in skip else (title, text[:MAX_CHARS]) for i, (title, text) in enumerate(texts)]
         full = [chunk_passage(title, text) for title, text in texts]
         encodings = self.embedder.model.tokenize(full)
-        missing = [i for i, s in enumerate(stored) if s is None]
+        missing = [i for i, s in enumerate(stored) if s is None and i not in skip]
         sims = list(stored)
         if missing:
             vectors = self.embedder.encode([full[i] for i in missing], with_tokens=True).token_vectors
@@ -62,9 +69,11 @@ class HighlightStage:
             q = np.asarray(query_tokens, dtype=np.float32).T
             for i, v in zip(missing, vectors, strict=True):
                 sims[i] = np.asarray(v, dtype=np.float32) @ q
-        out = []
-        for (_, text), whole, enc, s in zip(texts, full, encodings, sims, strict=True):
-            assert s is not None
+        out: list[list[Highlight]] = []
+        for i, ((_, text), whole, enc, s) in enumerate(zip(texts, full, encodings, sims, strict=True)):
+            if i in skip or s is None:
+                out.append([])
+                continue
             # an Encoding builds a new list on every read of .offsets / .special_tokens_mask: read each once (read
             # per token, they made this stage quadratic in the passage's length: 5 of its 7 ms for 3 passages)
             content = np.flatnonzero(np.asarray(enc.special_tokens_mask) == 0)[:len(s)]
