@@ -41,6 +41,7 @@ from index_builder.readers import MAX_TEXT_CHARS, READER_VERSION, SECTION_BREAK,
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MEMORY_MB = 2048
 DEFAULT_WORKERS = 2
+_START_S = 60.0  # a worker's start (an interpreter and its imports) may take this long on a loaded machine
 _READ_AHEAD = 32  # files in flight per worker: bounds the answers held before they are yielded in order
 
 
@@ -97,9 +98,9 @@ def read_checked(path: str, name: str, *, root: str | None, max_bytes: int,
                              "(--max-file-mb)")
         if st.st_size == 0:
             raise Unreadable("empty file")
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise Unreadable(f"grew over the {max_bytes / 2**20:g} MiB limit while it was read (--max-file-mb)")
+        data = f.read(st.st_size + 1)  # its size, not the limit: read(n) allocates n bytes first
+    if len(data) != st.st_size:
+        raise Unreadable("changed while it was read")
     extracted = read_file(Path(name), data)
     sections = [s for s in extracted.sections if s.strip()]
     text = SECTION_BREAK.join(sections)
@@ -126,10 +127,9 @@ def _answer(request: dict[str, Any], memory_mb: int) -> dict[str, Any]:
 
 
 def worker_main() -> None:
-    """The worker's loop: a JSON request a line on stdin, a JSON answer a line on stdout.
-
-    Answers are written together while more requests wait (one write, one wake-up of the parent for many tiny
-    files), but never held longer than 50 ms: the parent times each file from the answer before it."""
+    """The worker's loop: a JSON request a line on stdin, a JSON answer a line on stdout, written as soon as it is
+    ready (the parent times each file from the answer before it; an answer held back would be charged to the next
+    file). Requests are read in blocks: the parent sends several at a time."""
     memory_mb = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     if memory_mb:
         try:
@@ -141,25 +141,18 @@ def worker_main() -> None:
             pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which ends the workers itself
     fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
+    _write_all(fd_out, b'{"ready": true}\n')  # started: the parent's clock for the first file starts now
     pending, at = b"", 0
-    out: list[bytes] = []
-    flushed = time.monotonic()
     while True:
         end = pending.find(b"\n", at)
         if end < 0:
-            if out:
-                _write_all(fd_out, b"".join(out))
-                out, flushed = [], time.monotonic()
             data = os.read(fd_in, 1 << 16)
             if not data:
                 return
             pending, at = pending[at:] + data, 0
             continue
         line, at = pending[at:end], end + 1
-        out.append(json.dumps(_answer(json.loads(line), memory_mb)).encode("ascii") + b"\n")
-        if time.monotonic() - flushed > 0.05:
-            _write_all(fd_out, b"".join(out))
-            out, flushed = [], time.monotonic()
+        _write_all(fd_out, json.dumps(_answer(json.loads(line), memory_mb)).encode("ascii") + b"\n")
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -183,6 +176,7 @@ class _Worker:
     jobs: deque[Job] = field(default_factory=deque)  # sent, answered in this order
     started: float = 0.0  # when the first of ``jobs`` began: its answer is due by started + timeout
     chunks: list[bytes] = field(default_factory=list)
+    ready: bool = False  # it said so once its imports were done (a slow start is not charged to a file)
 
 
 class ReaderPool:
@@ -215,7 +209,7 @@ class ReaderPool:
         proc = subprocess.Popen([sys.executable, "-I", "-c", code, str(self.memory_mb)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, close_fds=True)
         os.set_blocking(proc.stdout.fileno(), False)  # type: ignore[union-attr]
-        w = _Worker(proc)
+        w = _Worker(proc, started=time.monotonic())
         self.selector.register(proc.stdout, selectors.EVENT_READ, w)  # type: ignore[arg-type]
         self.started += 1
         return w
@@ -268,7 +262,7 @@ class ReaderPool:
 
     def _send(self, w: _Worker, jobs: list[Job]) -> None:
         data = b"".join(json.dumps(j.request).encode("ascii") + b"\n" for j in jobs)
-        if not w.jobs:
+        if not w.jobs and w.ready:
             w.started = time.monotonic()
         w.jobs.extend(jobs)
         try:
@@ -295,15 +289,20 @@ class ReaderPool:
             rest = lines.pop()  # after the last newline: the start of an answer still coming
             w.chunks = [rest] if rest else []
             for line in lines:
-                if w.jobs:
+                if not w.ready:
+                    w.ready = True
+                elif w.jobs:
                     w.jobs.popleft().result = json.loads(line)
                 w.started = now
 
+    def _due(self, w: _Worker) -> float:
+        return w.started + (self.timeout_s if w.ready else max(self.timeout_s, _START_S))
+
     def _expire(self, now: float) -> None:
         for w in list(self.workers):
-            if w.jobs and now - w.started >= self.timeout_s:
+            if w.jobs and now >= self._due(w):
                 self._stop(w, f"reading it took over {self.timeout_s:g} s (the per-file budget); the reader was "
-                              "stopped")
+                              "stopped" if w.ready else "the reader process did not start")
 
     def run(self, jobs: Iterable[Job]) -> Iterator[Job]:
         """Every job back with its ``result``, in the order given; the requests are read in parallel."""
@@ -338,10 +337,10 @@ class ReaderPool:
                 return
             if yielded or not pending or self.retry:
                 continue  # refill and dispatch before waiting
-            busy = [w.started for w in self.workers if w.jobs]
+            busy = [self._due(w) for w in self.workers if w.jobs]
             if not busy:
                 continue
-            wait = max(0.0, min(busy) + self.timeout_s - time.monotonic())
+            wait = max(0.0, min(busy) - time.monotonic())
             for key, _ in self.selector.select(timeout=wait):
                 if key.data in self.workers:
                     self._receive(key.data)
