@@ -131,14 +131,14 @@ def worker_main() -> None:
     ready (the parent times each file from the answer before it; an answer held back would be charged to the next
     file). Requests are read in blocks: the parent sends several at a time."""
     memory_mb = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    if memory_mb:
-        try:
-            import resource
-
-            limit = memory_mb * 2**20
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        except (ImportError, ValueError, OSError):  # pragma: no cover - a platform without RLIMIT_AS
-            pass
+    cpu_s = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not a POSIX system: the parent's clock is the only bound
+        resource = None  # type: ignore[assignment]
+    if memory_mb and resource is not None:
+        limit = memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which ends the workers itself
     fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
     _write_all(fd_out, b'{"ready": true}\n')  # started: the parent's clock for the first file starts now
@@ -152,6 +152,10 @@ def worker_main() -> None:
             pending, at = pending[at:] + data, 0
             continue
         line, at = pending[at:end], end + 1
+        if cpu_s and resource is not None:  # a backstop should the parent die: no file spins on, orphaned
+            used = resource.getrusage(resource.RUSAGE_SELF)
+            soft = int(used.ru_utime + used.ru_stime) + cpu_s
+            resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.getrlimit(resource.RLIMIT_CPU)[1]))
         _write_all(fd_out, json.dumps(_answer(json.loads(line), memory_mb)).encode("ascii") + b"\n")
 
 
@@ -206,8 +210,10 @@ class ReaderPool:
         package_parent = str(Path(__file__).resolve().parent.parent)
         code = (f"import sys; sys.path.insert(0, {package_parent!r}); "
                 "from index_builder.reader_pool import worker_main; worker_main()")
-        proc = subprocess.Popen([sys.executable, "-I", "-c", code, str(self.memory_mb)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, close_fds=True)
+        cpu_s = int(self.timeout_s * 2 + 10)  # CPU seconds a file may take if the parent is gone (SIGXCPU)
+        proc = subprocess.Popen([sys.executable, "-I", "-c", code, str(self.memory_mb), str(cpu_s)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
+                                close_fds=True)
         os.set_blocking(proc.stdout.fileno(), False)  # type: ignore[union-attr]
         w = _Worker(proc, started=time.monotonic())
         self.selector.register(proc.stdout, selectors.EVENT_READ, w)  # type: ignore[arg-type]
@@ -234,7 +240,12 @@ class ReaderPool:
         not reached go to another; a fresh worker takes its place."""
         code = self._end(w)
         if w.jobs:
-            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+            how = f"exit status {code}"
+            if code < 0:
+                try:
+                    how = f"signal {signal.Signals(-code).name}"
+                except ValueError:
+                    how = f"signal {-code}"
             w.jobs.popleft().result = {"skip": reason.format(status=how)}
             self.retry.extendleft(reversed(w.jobs))
         self.workers.remove(w)
