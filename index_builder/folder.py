@@ -287,8 +287,10 @@ def walk(root: Path, report: FolderReport | None = None,
                 yield from visit(real, child)
             elif is_file:
                 yield child, Path(real)
-            elif link:
+            elif link and not os.path.lexists(real):
                 skip(child, "broken symbolic link")
+            elif os.path.lexists(real):
+                skip(child, "not a regular file or folder (a FIFO, socket or device)")
         ancestors.pop()
 
     yield from visit(root_real, "")

@@ -202,6 +202,7 @@ def test_links_out_of_the_folder_are_skipped_and_counted_and_links_inside_still_
     os.symlink("../../docs2", root / "guides" / "up")  # relative, leaving through ..
     os.symlink("guides/a.md", root / "alias.md")  # inside: read under its own name
     os.symlink("guides", root / "mirror")  # inside: a folder already read
+    os.mkfifo(root / "pipe.md")  # opening it would block a reader that did not check
     report = FolderReport(root=str(root))
     docs = {d.id: d for d in iter_folder(root, FolderOptions(), report)}
     assert sorted(docs) == ["alias.md", "guides/a.md"]
@@ -212,6 +213,7 @@ def test_links_out_of_the_folder_are_skipped_and_counted_and_links_inside_still_
     assert reasons["secret.md"].startswith(f"a symbolic link to {outside / 'secret.md'}, outside")
     assert reasons["guides/up"].startswith(f"a symbolic link to {outside}, outside")
     assert reasons["mirror"] == "links to a folder already read (guides)"
+    assert reasons["pipe.md"] == "not a regular file or folder (a FIFO, socket or device)"
     assert report.links_outside == 4 and "4 links out of the folder not followed" in report.summary()
     assert not any("root:" in d.text or "payroll" in d.text for d in docs.values())
     with pytest.raises(CorpusError, match=r"docs/etc: a symbolic link to /etc, outside.*--strict"):
