@@ -13,9 +13,11 @@ Requests and answers are JSON lines on the worker's stdin and stdout (nothing is
 just parsed a hostile file). A process rather than a thread: a thread cannot be stopped, and memory cannot be
 limited per thread.
 
-The worker also opens the file (:func:`read_checked`): with ``O_NOFOLLOW`` on the resolved path the walk checked,
-then it checks that the file it holds lies inside the folder (the inode it opened is the inode at a resolved path
-under the folder's root), so a folder swapped for a link between the walk and the read is refused, not read.
+The worker also opens the file (:func:`read_checked`): with ``O_NOFOLLOW`` on the resolved path the walk checked
+(a last part swapped for a link fails to open), then it checks that the file it holds lies inside the folder, by
+the path the kernel gives for the open descriptor (``/proc/self/fd/N``; elsewhere, the inode at a resolved path
+under the root must be the one opened). A folder swapped for a link between the walk and the read is refused, not
+read: the check is on what was opened, so no later swap can change it.
 """
 
 from __future__ import annotations
