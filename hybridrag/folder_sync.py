@@ -29,6 +29,10 @@ def add_folder_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--source", default="", help="the name recorded on every document (default: the folder's "
                                                  "name); a sync deletes only documents it wrote")
     g.add_argument("--strict", action="store_true", help="fail on the first file that cannot be read")
+    g.add_argument("--follow-links-outside", action="store_true",
+                   help="read symbolic links whose target is outside the folder (default: skipped with the reason; "
+                        "a link such as docs/users.txt -> /etc/passwd would put that file in the index, served to "
+                        "every caller the index serves)")
 
 
 def add_ownership_args(p: argparse.ArgumentParser) -> None:
@@ -45,7 +49,8 @@ def folder_options(args: argparse.Namespace) -> FolderOptions:
         return FolderOptions(include=tuple(args.include), exclude=tuple(args.exclude), tenant=args.tenant,
                              tenant_from_folder=args.tenant_from_folder,
                              tenant_map=load_tenant_map(args.tenant_map) if args.tenant_map else (),
-                             max_file_mb=args.max_file_mb, source=args.source, strict=args.strict)
+                             max_file_mb=args.max_file_mb, source=args.source, strict=args.strict,
+                             follow_links_outside=args.follow_links_outside)
     except ValueError as e:
         raise CorpusError(str(e), path=str(args.tenant_map or "")) from None
 

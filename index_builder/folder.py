@@ -10,29 +10,60 @@ Each readable file (:mod:`index_builder.readers`) becomes one :class:`Document`:
 - ``tenant``: one for all, the first folder, or the first matching pattern of a mapping.
 
 Files that cannot be read are skipped with a reason each (:class:`Skipped`) and counted, never aborting a run
-unless ``strict``. Hidden files and folders (a leading ``.``) are not read; symbolic links are followed, each folder
-once, so a link loop ends. Files of types no reader handles are counted, not listed.
+unless ``strict``. Hidden files and folders (a leading ``.``) are not read; files of types no reader handles are
+counted, not listed.
+
+A folder's files are the files under it. A symbolic link (to a file or a folder) whose target resolves outside the
+folder is skipped with its reason and counted in the summary (``links out``): a ``git clone`` can carry
+``docs/users.txt -> /etc/passwd``, and what is indexed is served to every caller the index serves.
+``follow_links_outside`` (``--follow-links-outside``) reads such targets for an operator who wants it. Links inside
+the folder are followed, each folder once, so a link loop ends. The check is made again when the file is opened
+(:func:`index_builder.reader_pool.read_checked`), so a folder swapped for a link after the walk is not read either.
+A hard link is the file itself and is read (a hard link cannot cross file systems, and Linux's
+``protected_hardlinks`` refuses one to a file its creator does not own).
+
+Names: an id is valid UTF-8 by construction.
+- A name that is not UTF-8 (a Latin-1 ``caf\\xe9.md``) keeps its undecodable bytes as ``%XX`` (``caf%E9.md``):
+  reversible (each ``%XX`` of a byte 80-FF stands for that byte; a UTF-8 name is never changed), and a name
+  whose escaped form is another file's name in the same folder is skipped with the reason.
+- A name holding a control character (C0, DEL, C1: newline and tab included) or a bidirectional override, isolate
+  or mark (U+202A-202E, U+2066-2069, U+200E, U+200F, U+061C; and U+2028/2029, line breaks) is skipped with the
+  reason: such a name displays as another one. Skip lines and errors print names with these characters escaped
+  (:func:`printable`), so nothing in a name reaches a terminal raw.
+
+Every file is read in a reader process with a time and memory budget (:mod:`index_builder.reader_pool`): one
+pathological file is skipped with its reason and never stalls or ends the run.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import os
-import stat
+import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from index_builder.corpus import MAX_ID_CHARS, check_metadata_value, check_tenant
 from index_builder.errors import CorpusError
-from index_builder.readers import READER_VERSION, SECTION_BREAK, Unreadable, has_reader, read_file
+from index_builder.reader_pool import (
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_WORKERS,
+    Job,
+    ReaderPool,
+    inside,
+    read_request,
+)
+from index_builder.reader_pool import content_hash as content_hash  # re-exported: the hash a re-run compares
+from index_builder.readers import MAX_TEXT_CHARS as MAX_TEXT_CHARS  # re-exported: the document store's limit
+from index_builder.readers import has_reader
 from index_builder.types import Document
 
-MAX_TEXT_CHARS = 1_000_000  # the document store's limit (retrieval.live.store): a file over it is skipped
 DEFAULT_MAX_FILE_MB = 64.0
 
 
@@ -41,7 +72,9 @@ class FolderOptions:
     """How a folder becomes documents. ``include`` / ``exclude``: glob patterns over the path relative to the folder
     (``*.md``, ``drafts/*``; a pattern without ``/`` also matches the file name alone); ``tenant``: every
     document's; ``tenant_from_folder``: the first folder names the tenant; ``tenant_map``: pattern -> tenant, the
-    first match wins (files matching none get ``tenant``)."""
+    first match wins (files matching none get ``tenant``). ``follow_links_outside``: read links whose target is
+    outside the folder (off: they are skipped). ``read_timeout_s`` / ``read_memory_mb``: each file's budget in its
+    reader process (``read_memory_mb`` 0: no memory limit); ``read_workers``: reader processes in parallel."""
 
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
@@ -51,10 +84,20 @@ class FolderOptions:
     max_file_mb: float = DEFAULT_MAX_FILE_MB
     source: str = ""  # "" = the folder's own name
     strict: bool = False
+    follow_links_outside: bool = False
+    read_timeout_s: float = DEFAULT_TIMEOUT_S
+    read_memory_mb: int = DEFAULT_MEMORY_MB
+    read_workers: int = DEFAULT_WORKERS
 
     def __post_init__(self) -> None:
         if self.max_file_mb <= 0:
             raise ValueError(f"max_file_mb must be > 0, got {self.max_file_mb}")
+        if self.read_timeout_s <= 0:
+            raise ValueError(f"read_timeout_s must be > 0, got {self.read_timeout_s}")
+        if self.read_memory_mb and self.read_memory_mb < 256:
+            raise ValueError(f"read_memory_mb must be >= 256 (0 = no limit), got {self.read_memory_mb}")
+        if not 1 <= self.read_workers <= 64:
+            raise ValueError(f"read_workers must be in [1, 64], got {self.read_workers}")
         check_tenant(self.tenant)
         for pattern, tenant in self.tenant_map:
             try:
@@ -63,28 +106,74 @@ class FolderOptions:
                 raise ValueError(f"tenant map entry {pattern!r}: {e}") from None
 
 
+# C0, DEL, C1, the bidirectional marks, embeddings, overrides and isolates, and the Unicode line separators
+_UNSAFE = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_UNSAFE_NAME = re.compile(f"[{_UNSAFE}]")
+_UNPRINTABLE = re.compile(f"[{_UNSAFE}\ud800-\udfff]")
+_UNDECODABLE = re.compile("[\udc80-\udcff]")  # os.fsdecode's stand-ins for the bytes of a name that is not UTF-8
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    r"""``text`` with control, bidirectional and surrogate characters escaped as ``repr`` would (``\x1b``,
+    ``\u202e``): what a skip line or an error prints of a name.
+
+    >>> printable("evil\u202etxt.md\n\x1b[2J") == r"evil\u202etxt.md\n\x1b[2J"
+    True
+    """
+    def esc(m: re.Match) -> str:
+        c = m.group()
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100
+                                                                  else f"\\u{ord(c):04x}")
+
+    return _UNPRINTABLE.sub(esc, text)
+
+
+def id_name(name: str) -> str:
+    r"""The id part of a file or folder name: undecodable bytes as ``%XX``; ValueError (the reason) for a name that
+    must not become an id.
+
+    >>> id_name("caf\udce9.md"), id_name("café.md")
+    ('caf%E9.md', 'café.md')
+    >>> id_name("notes\u202etxt.md")
+    Traceback (most recent call last):
+    ...
+    ValueError: its name holds a control or bidirectional-override character (U+202E)
+    """
+    if m := _UNSAFE_NAME.search(name):
+        raise ValueError(f"its name holds a control or bidirectional-override character (U+{ord(m.group()):04X})")
+    escaped = _UNDECODABLE.sub(lambda m: f"%{ord(m.group()) - 0xDC00:02X}", name)
+    if _SURROGATE.search(escaped):  # not from os.fsdecode (a Windows name with a lone UTF-16 half)
+        raise ValueError("its name is not valid Unicode")
+    return escaped
+
+
 @dataclass(frozen=True)
 class Skipped:
     path: str
     reason: str
 
     def line(self) -> str:
-        return f"skipped {self.path}: {self.reason}"
+        return f"skipped {printable(self.path)}: {printable(self.reason)}"
 
 
 @dataclass
 class FolderReport:
-    """What reading a folder found: documents, skipped files (each with its reason), other types counted."""
+    """What reading a folder found: documents, skipped files (each with its reason), other types counted, links
+    out of the folder not followed (also among the skipped)."""
 
     root: str
     documents: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     other_types: Counter = field(default_factory=Counter)
+    links_outside: int = 0
 
     def summary(self) -> str:
         other = sum(self.other_types.values())
         kinds = ", ".join(f"{k} {v}" for k, v in self.other_types.most_common(5))
         return (f"{self.documents} files read, {len(self.skipped)} skipped"
+                + (f" ({self.links_outside} links out of the folder not followed: --follow-links-outside)"
+                   if self.links_outside else "")
                 + (f", {other} of other types not read ({kinds})" if other else ""))
 
 
@@ -121,56 +210,90 @@ def _matches(rel: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(rel, pattern)
 
 
-def walk(root: Path, report: FolderReport | None = None) -> Iterator[tuple[str, Path]]:
-    """(relative posix path, path) of every non-hidden file under ``root``, sorted, symbolic links followed once."""
+def _ids(entries: list[os.DirEntry], rel: str, skip) -> list[tuple[os.DirEntry, str]]:
+    """(entry, id name) of a folder's non-hidden entries; a name that cannot be an id is skipped with its reason,
+    as is an escaped name equal to another entry's (two files never share an id)."""
+    named: list[tuple[os.DirEntry, str]] = []
+    taken = {e.name for e in entries if not _UNDECODABLE.search(e.name)}
+    escaped: set[str] = set()
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        raw = f"{rel}/{entry.name}" if rel else entry.name
+        try:
+            name = id_name(entry.name)
+        except ValueError as e:
+            skip(raw, str(e))
+            continue
+        if name != entry.name:
+            if name in taken or name in escaped:
+                skip(raw, f"its name is not UTF-8, and its escaped form {name!r} is another file's name")
+                continue
+            escaped.add(name)
+        named.append((entry, name))
+    return named
+
+
+def walk(root: Path, report: FolderReport | None = None,
+         follow_links_outside: bool = False) -> Iterator[tuple[str, Path]]:
+    """(id, resolved path) of every non-hidden file under ``root``, sorted; links inside the folder followed, each
+    folder once; a link out of the folder skipped (unless ``follow_links_outside``)."""
+    root_real = os.path.realpath(root)
     seen: dict[tuple[int, int], str] = {}
     ancestors: list[tuple[int, int]] = []
 
-    def visit(folder: Path, rel: str) -> Iterator[tuple[str, Path]]:
+    def skip(rel: str, reason: str) -> None:
+        if report is not None:
+            report.skipped.append(Skipped(rel, reason))
+
+    def visit(folder: str, rel: str) -> Iterator[tuple[str, Path]]:
         try:
-            st = folder.stat()
+            st = os.stat(folder)
         except OSError as e:
-            if report is not None:
-                report.skipped.append(Skipped(rel or ".", f"folder cannot be read: {e.strerror}"))
+            skip(rel or ".", f"folder cannot be read: {e.strerror}")
             return
         key = (st.st_dev, st.st_ino)
         if key in seen:
-            if report is not None:
-                reason = ("symbolic link loop (it links to a folder above it)" if key in ancestors else
-                          f"links to a folder already read ({seen[key] or '.'})")
-                report.skipped.append(Skipped(rel, reason))
+            skip(rel, "symbolic link loop (it links to a folder above it)" if key in ancestors else
+                 f"links to a folder already read ({seen[key] or '.'})")
             return
         seen[key] = rel
         ancestors.append(key)
         try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
         except OSError as e:
-            if report is not None:
-                report.skipped.append(Skipped(rel or ".", f"folder cannot be listed: {e.strerror}"))
+            skip(rel or ".", f"folder cannot be listed: {e.strerror}")
             ancestors.pop()
             return
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            child = f"{rel}/{entry.name}" if rel else entry.name
+        for entry, name in _ids(entries, rel, skip):
+            child = f"{rel}/{name}" if rel else name
+            real = os.path.join(folder, entry.name)
             try:
+                link = entry.is_symlink()
+                if link:
+                    real = os.path.realpath(entry.path)
+                    if not follow_links_outside and not inside(real, root_real):
+                        skip(child, f"a symbolic link to {real}, outside the folder (--follow-links-outside "
+                                    "reads it)")
+                        if report is not None:
+                            report.links_outside += 1
+                        continue
                 is_dir = entry.is_dir(follow_symlinks=True)
-                is_file = entry.is_file(follow_symlinks=True)
+                is_file = not is_dir and entry.is_file(follow_symlinks=True)
             except OSError:
                 is_dir = is_file = False
             if is_dir:
-                yield from visit(Path(entry.path), child)
+                yield from visit(real, child)
             elif is_file:
-                yield child, Path(entry.path)
-            elif entry.is_symlink() and report is not None:
-                report.skipped.append(Skipped(child, "broken symbolic link"))
+                yield child, Path(real)
+            elif link and not os.path.lexists(real):
+                skip(child, "broken symbolic link")
+            elif os.path.lexists(real):
+                skip(child, "not a regular file or folder (a FIFO, socket or device)")
         ancestors.pop()
 
-    yield from visit(root, "")
-
-
-def content_hash(data: bytes) -> str:
-    return hashlib.sha256(READER_VERSION.encode() + b"\0" + data).hexdigest()[:32]
+    yield from visit(root_real, "")
 
 
 def _tenant(rel: str, collection: str, options: FolderOptions) -> str:
@@ -182,52 +305,39 @@ def _tenant(rel: str, collection: str, options: FolderOptions) -> str:
     return options.tenant
 
 
-def read_one(root: Path, rel: str, path: Path, options: FolderOptions, source: str) -> Document:
-    """One file as a document, or :class:`Unreadable` with the reason."""
+class _Unreadable(Exception):
+    """A file skipped before it is read (its id, its tenant): the message is the reason."""
+
+
+def _check(rel: str, options: FolderOptions) -> str:
+    """The file's tenant, or :class:`_Unreadable` when its id or tenant cannot be used."""
     if len(rel) > MAX_ID_CHARS:
-        raise Unreadable(f"its path is {len(rel)} characters; ids are at most {MAX_ID_CHARS}")
+        raise _Unreadable(f"its path is {len(rel)} characters; ids are at most {MAX_ID_CHARS}")
     try:
         check_metadata_value("path", rel)
     except ValueError:
-        raise Unreadable("its path holds a control character") from None
-    try:
-        st = path.stat()
-    except OSError as e:
-        raise Unreadable(f"cannot be read: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise Unreadable("not a regular file")
-    limit = int(options.max_file_mb * 2**20)
-    if st.st_size > limit:
-        raise Unreadable(f"{st.st_size / 2**20:,.0f} MiB is over the {options.max_file_mb:g} MiB limit "
-                         "(--max-file-mb)")
-    if st.st_size == 0:
-        raise Unreadable("empty file")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as e:
-        raise Unreadable(f"cannot be read: {e.strerror}") from None
-    extracted = read_file(path, data)
-    sections = [s for s in extracted.sections if s.strip()]
-    text = SECTION_BREAK.join(sections)
-    if not text.strip():
-        raise Unreadable("no text in it")
-    if len(text) > MAX_TEXT_CHARS:
-        raise Unreadable(f"{len(text):,} characters of text; a document holds at most {MAX_TEXT_CHARS:,}")
+        raise _Unreadable("its path holds a control character") from None
     parts = rel.split("/")
-    collection = parts[0] if len(parts) > 1 else ""
-    tenant = _tenant(rel, collection, options)
+    tenant = _tenant(rel, parts[0] if len(parts) > 1 else "", options)
     try:
         check_tenant(tenant)
     except ValueError:
-        raise Unreadable(f"its tenant {tenant!r} (from the folder name) is not a valid tenant name") from None
-    title = extracted.title or PurePosixPath(rel).stem.replace("_", " ").replace("-", " ")
-    metadata = {"path": rel, "ext": path.suffix.lower().lstrip("."), "collection": collection,
-                "modified": datetime.fromtimestamp(int(st.st_mtime), UTC).isoformat().replace("+00:00", "Z"),
-                "bytes": str(st.st_size), "content_hash": content_hash(data), "source": source}
-    if extracted.encoding and extracted.encoding != "utf-8":
-        metadata["encoding"] = extracted.encoding
-    return Document(id=rel, text=text, title=title[:2000], tenant=tenant, metadata=metadata)
+        raise _Unreadable(f"its tenant {tenant!r} (from the folder name) is not a valid tenant name") from None
+    return tenant
+
+
+def _document(rel: str, read: dict[str, Any], tenant: str, source: str) -> Document:
+    """A document from what the reader process answered."""
+    parts = rel.split("/")
+    stem, ext = os.path.splitext(parts[-1])
+    title = read["title"] or stem.replace("_", " ").replace("-", " ")
+    metadata = {"path": rel, "ext": ext.lower().lstrip("."),
+                "collection": parts[0] if len(parts) > 1 else "",
+                "modified": datetime.fromtimestamp(int(read["mtime"]), UTC).isoformat().replace("+00:00", "Z"),
+                "bytes": str(read["size"]), "content_hash": read["hash"], "source": source}
+    if read["encoding"] and read["encoding"] != "utf-8":
+        metadata["encoding"] = read["encoding"]
+    return Document(id=rel, text=read["text"], title=title[:2000], tenant=tenant, metadata=metadata)
 
 
 def is_folder_corpus(path: str | Path) -> bool:
@@ -243,16 +353,17 @@ def source_name(root: Path, options: FolderOptions) -> str:
 
 
 def candidates(root: Path, options: FolderOptions, report: FolderReport | None = None) -> Iterator[tuple[str, Path]]:
-    """(relative path, path) of the files the folder reader tries: walked, included, not excluded, of a type a
-    reader takes (the others counted in ``report``)."""
-    for rel, path in walk(root, report):
+    """(id, resolved path) of the files the folder reader tries: walked, included, not excluded, of a type a reader
+    takes by its name in the folder (the others counted in ``report``)."""
+    for rel, path in walk(root, report, options.follow_links_outside):
         if options.include and not any(_matches(rel, p) for p in options.include):
             continue
         if any(_matches(rel, p) for p in options.exclude):
             continue
-        if not has_reader(path):
+        name = rel.rpartition("/")[2]
+        if not has_reader(name):
             if report is not None:
-                report.other_types[path.suffix.lower() or "(none)"] += 1
+                report.other_types[os.path.splitext(name)[1].lower() or "(none)"] += 1
             continue
         yield rel, path
 
@@ -261,41 +372,68 @@ def iter_folder(root: str | Path, options: FolderOptions | None = None, report: 
                 cache: dict[str, tuple[int, int, Document]] | None = None) -> Iterator[Document]:
     """The folder's documents in path order; skipped files are added to ``report`` (CorpusError when strict).
 
+    Files are read by reader processes (:class:`~index_builder.reader_pool.ReaderPool`, started at the first file
+    that needs reading, ended with the pass), each within ``options.read_timeout_s`` and ``read_memory_mb``.
     ``cache``: rel path -> (mtime ns, size, document) from a previous pass (``--watch``): a file whose modified
     time and size are unchanged is not read again; the pass refreshes the cache."""
     options = options if options is not None else FolderOptions()
     root = Path(root)
     if not root.is_dir():
-        raise CorpusError("not a folder", path=str(root))
+        raise CorpusError("not a folder", path=printable(str(root)))
     report = report if report is not None else FolderReport(root=str(root))
     source = source_name(root, options)
-    before = len(report.skipped)
+    root_real = None if options.follow_links_outside else os.path.realpath(root)
+    max_bytes = int(options.max_file_mb * 2**20)
+    walked = FolderReport(root=str(root))  # the walk's skips, put in path order among the files' own
 
-    def strict_check() -> None:  # a skip the walk recorded (a link loop, an unreadable folder) fails a strict run
-        if options.strict and len(report.skipped) > before:
-            s = report.skipped[-1]
-            raise CorpusError(f"{s.reason} (--strict)", path=str(root / s.path))
-
-    for rel, path in candidates(root, options, report):
-        strict_check()
-        try:
-            st = path.stat()
+    def jobs() -> Iterator[Job]:
+        done = 0
+        for rel, path in candidates(root, options, walked):
+            for s in walked.skipped[done:]:
+                yield Job((s.path, root / s.path, ""), result={"skip": s.reason})
+            done = len(walked.skipped)
+            try:
+                tenant = _check(rel, options)
+                st = os.stat(path)
+            except (OSError, _Unreadable) as e:
+                reason = f"cannot be read: {e.strerror}" if isinstance(e, OSError) else str(e)
+                yield Job((rel, path, ""), result={"skip": reason})
+                continue
+            if st.st_size > max_bytes:  # refused here too: no process round trip for a file known too big
+                yield Job((rel, path, tenant), result={"skip": f"{st.st_size / 2**20:,.0f} MiB is over the "
+                                                               f"{options.max_file_mb:g} MiB limit (--max-file-mb)"})
+                continue
             hit = cache.get(rel) if cache is not None else None
             if hit is not None and hit[:2] == (st.st_mtime_ns, st.st_size):
-                doc = hit[2]
+                yield Job((rel, path, tenant), result={"cached": True})
+                continue
+            yield Job((rel, path, tenant), request=read_request(path, rel, root=root_real, max_bytes=max_bytes))
+        for s in walked.skipped[done:]:
+            yield Job((s.path, root / s.path, ""), result={"skip": s.reason})
+        report.other_types.update(walked.other_types)
+        report.links_outside += walked.links_outside
+
+    pool = ReaderPool(options.read_workers, options.read_timeout_s, options.read_memory_mb)
+    try:
+        for job in pool.run(jobs()):
+            rel, path, tenant = job.key
+            result = job.result or {}
+            if "skip" in result:
+                if options.strict:
+                    raise CorpusError(f"{printable(result['skip'])} (--strict)", path=printable(str(root / rel)))
+                report.skipped.append(Skipped(rel, result["skip"]))
+                continue
+            if "cached" in result and cache is not None:
+                doc = cache[rel][2]
             else:
-                doc = read_one(root, rel, path, options, source)
+                read = result["ok"]
+                doc = _document(rel, read, tenant, source)
                 if cache is not None:
-                    cache[rel] = (st.st_mtime_ns, st.st_size, doc)
-        except (OSError, Unreadable) as e:
-            reason = f"cannot be read: {e.strerror}" if isinstance(e, OSError) else str(e)
-            if options.strict:
-                raise CorpusError(f"{reason} (--strict)", path=str(path)) from None
-            report.skipped.append(Skipped(rel, reason))
-            continue
-        report.documents += 1
-        yield doc
-    strict_check()
+                    cache[rel] = (read["mtime_ns"], read["size"], doc)
+            report.documents += 1
+            yield doc
+    finally:
+        pool.close()
 
 
 # ---------------------------------------------------------------------- a re-run: what changes

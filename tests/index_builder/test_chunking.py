@@ -129,3 +129,30 @@ def test_best_chunks_are_each_documents_first_best_chunk():
     docs = rng.permutation(500)[:120]
     expected = [int(starts[d] + np.argmax(scores[starts[d]:ends[d]])) for d in docs]
     assert best_chunks(scores, starts, docs).tolist() == expected
+
+
+def test_a_document_of_mostly_spaces_is_cut_into_passages_of_bounded_characters(embedder):
+    """900,000 characters, a word every 3,000: spaces make no word pieces, so one window of pieces spanned all of
+    it (one 900 KB passage before issue 51). Every passage is now bounded in characters, and holds every word."""
+    chunker = Chunker(embedder.files.tokenizer_path, ChunkConfig())
+    words = [f"word{i}" for i in range(300)]
+    text = "".join(w + " " * (3_000 - len(w)) for w in words)
+    assert len(text) == 900_000
+    for doc_text in (text, "Title\n\n" + text + "\f" + text):  # a plain document and a folder's sections
+        spans = chunker.spans(doc_text)
+        assert max(e - s for s, e in spans) <= 224 * 16  # 16 characters a word piece of the window
+        assert {w for s, e in spans for w in doc_text[s:e].split()} == set(doc_text.split())  # no word lost
+        assert all(doc_text[s:e].strip() == doc_text[s:e] for s, e in spans)  # whitespace runs dropped
+    dense = " ".join(f"w{i}" for i in range(150_000))  # words a few characters long: the pieces bound first
+    assert chunker.spans(dense) == chunker.window_spans(dense)
+
+
+def test_the_character_bound_leaves_the_sample_corpus_chunks_unchanged(embedder):
+    import json
+
+    from tests.helpers import SAMPLE
+
+    chunker = Chunker(embedder.files.tokenizer_path, ChunkConfig(max_tokens=64, overlap=16))
+    for line in (SAMPLE / "corpus.jsonl").read_text(encoding="utf-8").splitlines():
+        text = json.loads(line)["text"]
+        assert chunker.spans(text) == chunker.window_spans(text)

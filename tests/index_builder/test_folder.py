@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 from pathlib import Path
 
 import pytest
 
 from index_builder.chunking import ChunkConfig, Chunker
 from index_builder.errors import CorpusError
-from index_builder.folder import FolderOptions, FolderReport, iter_folder, plan_sync
+from index_builder.folder import FolderOptions, FolderReport, iter_folder, plan_sync, walk
 from index_builder.models import bundled_minilm
 from index_builder.readers import SECTION_BREAK, Unreadable, decode, read_file
 from tests.helpers import SAMPLE
@@ -184,3 +186,131 @@ def test_chunks_never_straddle_two_sections_and_keep_whole_paragraphs(folder):
             assert any(para in text[s:e] for s, e in spans), para[:40]
     plain = p["astro-001"]["text"] + "\n\n" + p["astro-002"]["text"]  # no section break: the windows as before
     assert chunker.spans(plain) == chunker.window_spans(plain)
+
+
+# ---------------------------------------------------------------------- links, names, budgets (issue 51)
+
+def test_links_out_of_the_folder_are_skipped_and_counted_and_links_inside_still_work(tmp_path):
+    root, outside = tmp_path / "docs", tmp_path / "docs2"  # docs2 shares the prefix "docs": still outside
+    (root / "guides").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.md").write_text("# Secret\n\nthe payroll of everyone", encoding="utf-8")
+    (root / "guides" / "a.md").write_text("# A\n\nInside the folder.", encoding="utf-8")
+    os.symlink("/etc/passwd", root / "passwd.txt")
+    os.symlink("/etc", root / "etc")
+    os.symlink(outside / "secret.md", root / "secret.md")
+    os.symlink("../../docs2", root / "guides" / "up")  # relative, leaving through ..
+    os.symlink("guides/a.md", root / "alias.md")  # inside: read under its own name
+    os.symlink("guides", root / "mirror")  # inside: a folder already read
+    os.mkfifo(root / "pipe.md")  # opening it would block a reader that did not check
+    report = FolderReport(root=str(root))
+    docs = {d.id: d for d in iter_folder(root, FolderOptions(), report)}
+    assert sorted(docs) == ["alias.md", "guides/a.md"]
+    assert docs["alias.md"].text == docs["guides/a.md"].text
+    reasons = {s.path: s.reason for s in report.skipped}
+    assert reasons["passwd.txt"] == "a symbolic link to /etc/passwd, outside the folder (--follow-links-outside reads it)"
+    assert reasons["etc"].startswith("a symbolic link to /etc, outside the folder")
+    assert reasons["secret.md"].startswith(f"a symbolic link to {outside / 'secret.md'}, outside")
+    assert reasons["guides/up"].startswith(f"a symbolic link to {outside}, outside")
+    assert reasons["mirror"] == "links to a folder already read (guides)"
+    assert reasons["pipe.md"] == "not a regular file or folder (a FIFO, socket or device)"
+    assert report.links_outside == 4 and "4 links out of the folder not followed" in report.summary()
+    assert not any("root:" in d.text or "payroll" in d.text for d in docs.values())
+    with pytest.raises(CorpusError, match=r"docs/etc: a symbolic link to /etc, outside.*--strict"):
+        list(iter_folder(root, FolderOptions(strict=True)))
+
+    report = FolderReport(root=str(root))  # the operator's opt-in (no /etc here: it would read all of it)
+    os.unlink(root / "etc")
+    docs = {d.id: d for d in iter_folder(root, FolderOptions(follow_links_outside=True), report)}
+    assert {"secret.md", "guides/up/secret.md"} <= set(docs) and "payroll" in docs["secret.md"].text
+    assert report.links_outside == 0
+
+
+def test_a_file_that_leaves_the_folder_after_the_walk_is_not_read(tmp_path):
+    """The walk checked docs/sub/notes.md; then sub is swapped for a link to another folder (or notes.md for a
+    link): the reader process opens what the walk checked, or refuses."""
+    from index_builder.reader_pool import ReaderPool, read_checked, read_request
+
+    root, elsewhere = tmp_path / "docs", tmp_path / "elsewhere"
+    (root / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    (root / "sub" / "notes.md").write_text("# Notes\n\nfine", encoding="utf-8")
+    (root / "other.md").write_text("# Other\n\nfine", encoding="utf-8")
+    (elsewhere / "notes.md").write_text("# Stolen\n\nthe payroll", encoding="utf-8")
+    walked = dict(walk(root))
+    assert read_checked(str(walked["sub/notes.md"]), "notes.md", root=str(root), max_bytes=2**20)["text"].endswith("fine")
+    os.rename(root / "sub", tmp_path / "sub-moved")
+    os.symlink(elsewhere, root / "sub")
+    with pytest.raises(Unreadable, match="changed into a path outside the folder"):
+        read_checked(str(walked["sub/notes.md"]), "notes.md", root=str(root), max_bytes=2**20)
+    os.unlink(root / "other.md")
+    os.symlink(elsewhere / "notes.md", root / "other.md")
+    with pytest.raises(Unreadable, match="became a symbolic link"):
+        read_checked(str(walked["other.md"]), "other.md", root=str(root), max_bytes=2**20)
+    from index_builder.reader_pool import Job
+
+    with ReaderPool(workers=1) as pool:  # the same through a reader process
+        jobs = [Job(rel, request=read_request(path, rel, root=str(root), max_bytes=2**20)) for rel, path in walked.items()]
+        answers = {j.key: j.result for j in pool.run(jobs)}
+    assert answers == {"other.md": {"skip": "became a symbolic link after the folder was listed"},
+                       "sub/notes.md": {"skip": "changed into a path outside the folder after the folder was listed"}}
+
+
+def test_names_become_valid_utf8_ids_and_control_or_bidi_names_are_skipped_and_printed_escaped(tmp_path):
+    root = tmp_path / "docs"
+    root.mkdir()
+    raw = os.fsencode(root)
+    body = b"# Cafe\n\nA note about coffee and milk."
+    with open(raw + b"/caf\xe9.md", "wb") as f:  # a Latin-1 name: not UTF-8
+        f.write(body)
+    with open(raw + b"/men\xfc.md", "wb") as f:
+        f.write(body)
+    (root / "men%FC.md").write_text("# Menu\n\nthe real one", encoding="utf-8")  # what men\xfc.md would escape to
+    bad = ["new\nline.md", "tab\tname.md", "evil\u202etxt.md", "esc\x1b[2J.md", "bell\x07.md", "c1\x85.md",
+           "mark\u200f.md", "iso\u2066late.md", "arabic\u061c.md"]
+    for name in bad:
+        (root / name).write_bytes(body)
+    (root / "dir\u202e").mkdir()
+    (root / "dir\u202e" / "inner.md").write_bytes(body)
+    report = FolderReport(root=str(root))
+    docs = {d.id: d for d in iter_folder(root, FolderOptions(), report)}
+    assert sorted(docs) == ["caf%E9.md", "men%FC.md"]
+    assert docs["men%FC.md"].text.endswith("the real one")
+    cafe = docs["caf%E9.md"]
+    assert cafe.metadata["path"] == "caf%E9.md" and cafe.title == "Cafe"
+    for d in docs.values():
+        d.id.encode("utf-8")  # no lone surrogate: encodable as every store, snapshot and door needs
+        json.dumps(d.metadata, ensure_ascii=False).encode("utf-8")
+    reasons = {s.path: s.reason for s in report.skipped}
+    assert reasons["men\udcfc.md"] == "its name is not UTF-8, and its escaped form 'men%FC.md' is another file's name"
+    for name in bad + ["dir\u202e"]:
+        assert reasons[name].startswith("its name holds a control or bidirectional-override character (U+"), name
+    lines = "\n".join(s.line() for s in report.skipped)
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]",
+                         lines)
+    assert lines.count("\n") == len(report.skipped) - 1  # a newline in a name does not start a line
+    assert "skipped evil\\u202etxt.md: " in lines and "skipped esc\\x1b[2J.md: " in lines
+    assert "skipped new\\nline.md: " in lines and "skipped men\\udcfc.md: " in lines
+
+
+def test_a_file_over_the_time_or_memory_budget_is_skipped_and_the_run_goes_on(tmp_path):
+    """A real reader on real files, with budgets small enough to reach: 2 MB of '[' takes markdown-it-py about
+    15 s here (linear, but slow), over a 1 s budget; 200 MB of text needs more than 256 MiB to decode and clean."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "a.md").write_text("# A\n\nfirst", encoding="utf-8")
+    (root / "b-slow.md").write_text("[" * 2_000_000, encoding="utf-8")
+    (root / "c.md").write_text("# C\n\nafter the slow one", encoding="utf-8")
+    with open(root / "d-big.txt", "wb") as f:
+        for _ in range(200):
+            f.write(b"word " * 200_000 + b"\n")
+    (root / "e.md").write_text("# E\n\nafter the big one", encoding="utf-8")
+    report = FolderReport(root=str(root))
+    t = time.monotonic()
+    options = FolderOptions(read_timeout_s=1.0, read_memory_mb=256, max_file_mb=256, read_workers=1)
+    docs = [d.id for d in iter_folder(root, options, report)]
+    assert docs == ["a.md", "c.md", "e.md"]
+    reasons = {s.path: s.reason for s in report.skipped}
+    assert reasons["b-slow.md"] == "reading it took over 1 s (the per-file budget); the reader was stopped"
+    assert reasons["d-big.txt"] == "reading it needs more than the reader's 256 MiB of memory"
+    assert time.monotonic() - t < 30
