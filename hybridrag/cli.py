@@ -362,10 +362,17 @@ def cmd_front(args: argparse.Namespace) -> int:
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
-    from retrieval.engines.qdrant_host import serve_host
+    from retrieval.engines.qdrant_host import HostLimits, serve_host
 
     logging.getLogger().setLevel(logging.INFO)
-    serve_host(args.location, args.host, args.port)
+    try:
+        limits = HostLimits(header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+                            max_connections=args.max_connections, max_body_mb=args.max_body_mb,
+                            allowed_hosts=tuple(args.allowed_host))
+        serve_host(args.location, args.host, args.port, limits)
+    except ValueError as e:
+        print(f"hybridrag engine: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -591,10 +598,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_front)
 
     p = sub.add_parser("engine", help="a development Qdrant host: Qdrant's local engine over its REST API, so "
-                                      "several replicas can share one engine where no Qdrant server is installed")
+                                      "several replicas can share one engine where no Qdrant server is installed "
+                                      "(no authentication: keep it on loopback)")
     p.add_argument("--location", required=True, help="folder for the engine's data (':memory:' = none)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=6333)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; any other warns: "
+                   "anyone who reaches the port reads and writes every collection)")
+    p.add_argument("--port", type=int, default=6333, help="port (0 = any free one, printed)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a name the Host header may carry besides IP addresses and localhost (repeatable; "
+                        "'*' = any, which gives up the DNS-rebinding check)")
+    p.add_argument("--max-connections", type=int, default=256,
+                   help="connections and requests at once; a request past it is answered 503 (default 256)")
+    p.add_argument("--max-body-mb", type=int, default=64, help="largest request body (default 64 MiB; 413 past it)")
+    p.add_argument("--header-timeout-s", type=float, default=10.0,
+                   help="a connection's request line and headers must arrive within this (default 10 s)")
+    p.add_argument("--body-timeout-s", type=float, default=10.0,
+                   help="a body must keep arriving at 1 KiB/s on average, checked after this (default 10 s)")
     _add_common(p)
     p.set_defaults(func=cmd_engine)
 

@@ -26,10 +26,20 @@ meanwhile (``CURRENT`` moves last).
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -49,11 +59,30 @@ RESUBMITS = 3  # a batch whose call fails after Ray's own retries goes to anothe
 NODE_CHECK_S = 5.0  # while no batch completes, the cluster's nodes are checked this often
 
 
+LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": this machine only, node address 127.0.0.1
+LOCAL_START_S = 180.0  # the local cluster's start, at most (a cold start on 2 busy cores takes 5-10 s)
+LOCAL_STOP_S = 2.0  # a Ray process that has not left this long after SIGTERM gets SIGKILL (the GCS takes ~10 s)
+
+
 def connect(address: str) -> bool:
     """Join (``auto``, ``ray://...``, ``HOST:PORT``) or start (``local``) a cluster; True when this call started
-    Ray in this process (it shuts it down at the end)."""
+    Ray in this process (end it with :func:`disconnect`, which also stops a local cluster)."""
+    imported = "ray" in sys.modules
+    cluster = None
+    if address == "local" and not (imported and sys.modules["ray"].is_initialized()):
+        cluster = LocalCluster.start()
+        # Read by Ray when it is imported: the switch keeps 127.0.0.1 as the GCS address (else ray.init rewrites it
+        # to the machine's address, where the cluster does not listen); the token is the cluster's own.
+        cluster.saved = {k: os.environ.get(k) for k in (LOOPBACK_SWITCH, *cluster.env)}
+        os.environ.update({LOOPBACK_SWITCH: "0", **cluster.env})
     import ray
 
+    if cluster is not None and imported:  # Ray was imported before this call: it read the environment then
+        from ray._private import ray_constants
+        from ray._raylet import Config  # type: ignore[attr-defined]  # (Ray itself imports it so)
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        Config.initialize("")
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
@@ -61,11 +90,160 @@ def connect(address: str) -> bool:
     root = str(Path(__file__).resolve().parents[1])
     kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}}
-    if address == "local":
-        ray.init(include_dashboard=False, **kwargs)
-    else:
-        ray.init(address=address, **kwargs)
+    ray.init(address=address if cluster is None else cluster.address, **kwargs)
     return True
+
+
+def disconnect(started: bool) -> None:
+    """Leave the cluster if :func:`connect` joined it, and stop the local cluster this process started."""
+    if started:
+        import ray
+
+        ray.shutdown()
+    if LocalCluster.current is not None:
+        LocalCluster.current.stop()
+
+
+class LocalCluster:
+    """The cluster of ``--ray local``: one Ray node on this machine, for this build only.
+
+    Why not ``ray.init()``: a cluster it starts binds every service on all interfaces (the GCS, the raylet, each
+    worker's gRPC port: ``*``; the runtime-env agent on the machine's address; the autoscaler's Prometheus metrics
+    on 0.0.0.0:44217, which answer without Ray's token), and when the driver is killed Ray's reaper ends the GCS and
+    the raylet but two agents (the dashboard and runtime-env agents, the raylet's children) live on until their
+    own check notices, 30-60 s. So:
+
+    - **Loopback only.** ``ray start --head --node-ip-address 127.0.0.1`` with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+      (Ray's switch for "this machine only": without it Ray replaces a loopback node address with the machine's
+      own). Ray's servers bind 127.0.0.1 when the node's address is 127.0.0.1, the driver's too (it reaches the GCS
+      over loopback); Ray's client server gets a free port (its default, 10001, would be shared by two builds). No
+      dashboard, no autoscaler monitor (``--no-monitor``: its metrics were the port without a token), no log
+      monitor.
+    - **A token of its own**: ``RAY_AUTH_MODE=token`` with a fresh token in the cluster's temporary folder (0600),
+      which the driver presents; nothing falls back to ``~/.ray/auth_token``.
+    - **Gone when the build ends, killed or not.** The cluster is started by a watchdog (:func:`_watchdog`), a
+      small process in a session of its own whose stdin is a pipe from the driver. Every Ray process it starts
+      stays in that session (Ray changes process groups but never sessions). When the pipe closes (the driver
+      stopped the cluster, exited, or was killed with SIGKILL: the kernel closes its end), the watchdog sends
+      SIGTERM to every process of the session, SIGKILL to what is left after :data:`LOCAL_STOP_S`, removes the
+      temporary folder and exits. Ctrl-C in a terminal reaches the driver only (another session), which then exits.
+    """
+
+    current: LocalCluster | None = None
+
+    def __init__(self, proc: subprocess.Popen, folder: Path, address: str) -> None:
+        self.proc, self.folder, self.address = proc, folder, address
+        self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(folder / "token")}
+        self.saved: dict[str, str | None] = {}  # the driver's environment before connect() set the cluster's
+
+    @classmethod
+    def start(cls) -> LocalCluster:
+        if cls.current is not None:
+            cls.current.stop()
+        folder = Path(tempfile.mkdtemp(prefix="hr-ray-", dir="/tmp"))  # short: Ray's socket paths fit 107 bytes
+        fd = os.open(folder / "token", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        ports = []
+        for _ in range(2):  # the GCS and Ray's client server (whose default, 10001, a second build would share)
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                ports.append(str(s.getsockname()[1]))
+        root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+        proc = subprocess.Popen([sys.executable, "-c", "from index_builder.ray_build import _watchdog; _watchdog()",
+                                 str(folder), *ports], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, cwd=root, env=env, start_new_session=True)
+        cluster = cls(proc, folder, f"127.0.0.1:{ports[0]}")
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], LOCAL_START_S)
+        line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
+        if not line.startswith("ready"):
+            cluster.stop()
+            why = line.removeprefix("error ") or f"no answer within {LOCAL_START_S:.0f} s"
+            raise SnapshotError(f"the local Ray cluster did not start: {why}")
+        log.info("local Ray cluster at %s (loopback only; its processes in session %d, folder %s)", cluster.address,
+                 proc.pid, folder)
+        cls.current = cluster
+        atexit.register(cluster.stop)
+        return cluster
+
+    def stop(self) -> None:
+        """Close the watchdog's pipe and wait for it: when this returns, no process of the cluster is left."""
+        if LocalCluster.current is self:
+            LocalCluster.current = None
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=2 * LOCAL_STOP_S + 10)
+        except subprocess.TimeoutExpired:
+            log.warning("the local Ray cluster's watchdog (pid %d) did not finish stopping it", self.proc.pid)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self.saved = {}
+
+
+def _session_pids(sid: int, but: int) -> list[int]:
+    """The live processes of session ``sid`` but ``but`` (Linux: /proc; a zombie has ended, only its parent can
+    reap it)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != but:
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                if int(fields[3]) == sid and fields[0] != b"Z":
+                    pids.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return pids
+
+
+def _watchdog() -> None:
+    """The local cluster's watchdog (see :class:`LocalCluster`); ``argv``: the folder, the GCS and client server
+    ports. Prints ``ready`` or ``error MESSAGE`` once, then waits for its stdin to close and ends every process of
+    its session."""
+    folder, port, client_port = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    me = os.getpid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    env = {**os.environ, LOOPBACK_SWITCH: "0", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN_PATH": str(folder / "token"), "RAY_USAGE_STATS_ENABLED": "0"}
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--node-ip-address", "127.0.0.1",
+           "--port", port, "--ray-client-server-port", client_port, "--include-dashboard=false",
+           "--include-log-monitor=false", "--no-monitor", "--disable-usage-stats", "--temp-dir", str(folder / "r")]
+    try:
+        with open(folder / "start.log", "wb") as out:
+            code = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=LOCAL_START_S).returncode
+        if code == 0:
+            answer = "ready"
+        else:
+            tail = (folder / "start.log").read_text(errors="replace").strip().splitlines()[-3:]
+            answer = f"error ray start exited {code}: {' / '.join(tail)[-500:]}"
+    except (OSError, subprocess.SubprocessError) as e:
+        answer = f"error {type(e).__name__}: {e}"
+    with contextlib.suppress(OSError):  # a driver that died meanwhile: nothing to tell, the cluster still ends
+        print(answer, flush=True)
+    try:
+        while sys.stdin.buffer.read(65536):  # until the driver closes the pipe or dies
+            pass
+    except OSError:
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    deadline, sig = time.monotonic() + LOCAL_STOP_S, signal.SIGTERM
+    while (pids := _session_pids(me, me)) and time.monotonic() < deadline + LOCAL_STOP_S:
+        if time.monotonic() > deadline:
+            sig = signal.SIGKILL
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        time.sleep(0.1)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 class _Encoder:
@@ -230,5 +408,4 @@ class RayWorkers:
         for a in self.actors:
             self.ray.kill(a)
         self.actors = []
-        if self.started:
-            self.ray.shutdown()
+        disconnect(self.started)

@@ -11,10 +11,12 @@ before a call reaches Python: 1.4-5 ms p50 for the same burst. It costs one loop
 
 What the front does, for both doors:
 
-- reads (gRPC ``Retrieve``/``Generate``; HTTP ``/v1/retrieve``, ``/v1/generate``, ``/v1/chat/completions``,
-  ``/v1/embeddings``, ``/v1/rerank``) share ``max_in_flight`` slots, writes (``Upsert``/``Delete``/``Rebuild``,
-  ``/v1/documents``, ``/v1/rebuild``) their own ``max_writes_in_flight``, as the server's budgets do (nginx's
-  ``limit_conn`` counts each HTTP/2 stream, each in-flight request, as one "connection");
+- reads (gRPC ``Retrieve``/``Generate``/``ListDocuments``; HTTP ``/v1/retrieve``, ``/v1/generate``,
+  ``/v1/chat/completions``, ``/v1/embeddings``, ``/v1/rerank`` and ``GET /v1/documents``) share ``max_in_flight``
+  slots, writes (``Upsert``/``Delete``/``Rebuild``, ``POST|DELETE /v1/documents``, ``/v1/rebuild``) their own
+  ``max_writes_in_flight``, as the server's budgets do (nginx's ``limit_conn`` counts each HTTP/2 stream, each
+  in-flight request, as one "connection"). ``/v1/documents`` is one path for both: the request's method picks the
+  budget (a listing charged to the writes would let a listing loop starve every tenant's upserts);
 - a refusal is what the server would answer: gRPC ``RESOURCE_EXHAUSTED`` (a trailers-only response: HTTP/2 headers
   with ``grpc-status: 8``), HTTP 429 with the service's JSON error and ``Retry-After``;
 - a replica that does not answer (connection refused, reset) becomes gRPC ``UNAVAILABLE`` / HTTP 503 with a message
@@ -42,10 +44,12 @@ from pathlib import Path
 from retrieval.serving.settings import FrontConfig  # noqa: F401  (re-exported: its section)
 
 SERVICE = "hybridrag.v1.Retriever"
-GRPC_READS = ("Retrieve", "Generate")
+GRPC_READS = ("Retrieve", "Generate", "ListDocuments")
 GRPC_WRITES = ("Upsert", "Delete", "Rebuild")
 HTTP_READS = ("/v1/retrieve", "/v1/generate", "/v1/chat/completions", "/v1/embeddings", "/v1/rerank")
-HTTP_WRITES = ("/v1/documents", "/v1/rebuild")
+HTTP_WRITES = ("/v1/rebuild",)
+HTTP_DOCUMENTS = "/v1/documents"  # GET lists (a read), POST / DELETE write
+HTTP_READ_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 class FrontError(RuntimeError):
@@ -70,11 +74,16 @@ def _upstream(name: str, backends: tuple[str, ...]) -> list[str]:
             "    keepalive_requests 1000000;", "  }"]
 
 
-def _location(pattern: str, budget: str, limit: int, refused: str, unavailable: str, upstream_codes: str,
-              pass_to: str) -> list[str]:
-    """The paths ``pattern`` under one budget (``limit`` in flight, past it the named location ``refused``); a
-    replica that does not answer (nginx's own ``upstream_codes``) goes to ``unavailable``."""
-    return [f"    location ~ ^{pattern}$ {{", f"      limit_conn {budget} {limit};", f"      error_page 429 = @{refused};",
+def _location(pattern: str, budget: str, reads: int, writes: int, refused: str, unavailable: str,
+              upstream_codes: str, pass_to: str) -> list[str]:
+    """The paths ``pattern`` under one budget: ``budget`` is ``read``, ``write``, or a variable that names one per
+    request (``$hybridrag_documents_budget``: by method). The location sets ``$hybridrag_budget``; each zone's key
+    is empty (not counted, nginx's rule) unless the budget is the zone's, so a call counts in exactly one. Past its
+    limit, the named location ``@{refused}_{budget}``; a replica that does not answer (nginx's own
+    ``upstream_codes``) goes to ``@{unavailable}``."""
+    return [f"    location ~ ^{pattern}$ {{", f"      set $hybridrag_budget {budget};",
+            f"      limit_conn hybridrag_reads {reads};", f"      limit_conn hybridrag_writes {writes};",
+            f"      error_page 429 = @{refused}_$hybridrag_budget;",
             f"      error_page {upstream_codes} = @{unavailable};", f"      {pass_to};", "    }"]
 
 
@@ -97,10 +106,17 @@ def render(config: FrontConfig, workdir: Path) -> str:
         "http {",
         "  access_log off;",
         *(f"  {kind}_temp_path {workdir / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")),
-        "  # one key for every listener: both doors share the budgets, as the server's doors do",
-        '  map "" $hybridrag_front { default "front"; }',
-        "  limit_conn_zone $hybridrag_front zone=hybridrag_reads:1m;",
-        "  limit_conn_zone $hybridrag_front zone=hybridrag_writes:1m;",
+        "  # one key for every listener: both doors share the budgets, as the server's doors do. A location sets",
+        "  # $hybridrag_budget (read or write); the other zone's key is empty there, and nginx counts no empty key",
+        '  map $hybridrag_budget $hybridrag_read_key { read "front"; default ""; }',
+        '  map $hybridrag_budget $hybridrag_write_key { write "front"; default ""; }',
+        "  # /v1/documents is both: GET lists (a read), POST and DELETE write",
+        "  map $request_method $hybridrag_documents_budget {",
+        *(f"    {m} read;" for m in HTTP_READ_METHODS),
+        "    default write;",
+        "  }",
+        "  limit_conn_zone $hybridrag_read_key zone=hybridrag_reads:1m;",
+        "  limit_conn_zone $hybridrag_write_key zone=hybridrag_writes:1m;",
         "  limit_conn_status 429;",
         "  limit_conn_log_level info;",
         f"  client_max_body_size {config.max_body_mb}m;",
@@ -116,10 +132,10 @@ def render(config: FrontConfig, workdir: Path) -> str:
         "    http2_max_concurrent_streams 1024;",
         f"    grpc_read_timeout {config.stream_timeout_s}s;",
         f"    grpc_send_timeout {config.stream_timeout_s}s;",
-        *_location(f"/{re.escape(SERVICE)}/({'|'.join(GRPC_READS)})", "hybridrag_reads", reads, "grpc_exhausted_read",
+        *_location(f"/{re.escape(SERVICE)}/({'|'.join(GRPC_READS)})", "read", reads, writes, "grpc_exhausted",
                    "grpc_unavailable", "502 503 504", grpc_pass),
-        *_location(f"/{re.escape(SERVICE)}/({'|'.join(GRPC_WRITES)})", "hybridrag_writes", writes,
-                   "grpc_exhausted_write", "grpc_unavailable", "502 503 504", grpc_pass),
+        *_location(f"/{re.escape(SERVICE)}/({'|'.join(GRPC_WRITES)})", "write", reads, writes, "grpc_exhausted",
+                   "grpc_unavailable", "502 503 504", grpc_pass),
         "    location / {",
         "      error_page 502 503 504 = @grpc_unavailable;",
         f"      {grpc_pass};",
@@ -148,10 +164,12 @@ def render(config: FrontConfig, workdir: Path) -> str:
             "    proxy_request_buffering off;",
             f"    proxy_read_timeout {config.stream_timeout_s}s;",
             f"    proxy_send_timeout {config.stream_timeout_s}s;",
-            *_location(f"({'|'.join(re.escape(p) for p in HTTP_READS)})", "hybridrag_reads", reads, "http_exhausted_read",
+            *_location(f"({'|'.join(re.escape(p) for p in HTTP_READS)})", "read", reads, writes, "http_exhausted",
                        "http_unavailable", "502 504", http_pass),
-            *_location(f"({'|'.join(re.escape(p) for p in HTTP_WRITES)})", "hybridrag_writes", writes,
-                       "http_exhausted_write", "http_unavailable", "502 504", http_pass),
+            *_location(f"({'|'.join(re.escape(p) for p in HTTP_WRITES)})", "write", reads, writes, "http_exhausted",
+                       "http_unavailable", "502 504", http_pass),
+            *_location(re.escape(HTTP_DOCUMENTS), "$hybridrag_documents_budget", reads, writes, "http_exhausted",
+                       "http_unavailable", "502 504", http_pass),
             "    location / {",
             "      error_page 502 504 = @http_unavailable;",
             f"      {http_pass};",

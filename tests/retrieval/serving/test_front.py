@@ -53,7 +53,10 @@ def test_the_rendered_configuration_is_accepted_by_nginx(tmp_path):
                          http_port=8081, max_in_flight=32, max_writes_in_flight=3, nginx=str(NGINX))
     conf = write_config(config, tmp_path).read_text()
     assert conf == render(config, tmp_path)
-    assert conf.count("limit_conn hybridrag_reads 32;") == 2 and conf.count("limit_conn hybridrag_writes 3;") == 2
+    # five budgeted locations (gRPC reads, writes; HTTP reads, writes, /v1/documents by method), each under both
+    # zones, of which its budget's key alone is not empty
+    assert conf.count("limit_conn hybridrag_reads 32;") == 5 and conf.count("limit_conn hybridrag_writes 3;") == 5
+    assert "(Retrieve|Generate|ListDocuments)" in conf
     assert "server 127.0.0.1:50061;" in conf and "server 127.0.0.1:8080;" in conf
     with pytest.raises(FrontError, match="nginx not found"):
         write_config(FrontConfig(nginx="no-such-nginx-binary"), tmp_path / "x")
@@ -218,3 +221,81 @@ def test_the_front_cuts_off_slow_clients_and_serves_others(pipeline, tmp_path):
                 s.close()
         finally:
             stop_front(proc)
+
+
+def _hold(port: int, path: str) -> socket.socket:
+    """A call that stays in flight at the front: its headers sent, its body (1,000 bytes declared) not. nginx has
+    counted it against the path's budget, and keeps it counted until the body arrives or ``body_timeout_s``."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+              "content-length: 1000\r\n\r\n{".encode())
+    return s
+
+
+@needs_nginx
+@pytest.mark.slow
+def test_listing_is_a_read_at_the_front_on_both_doors(writable, tmp_path):
+    """issue 51 item 7: through the front, listing (``GET /v1/documents``, gRPC ``ListDocuments``) is a read. With
+    the one write slot taken, both doors still list (it used to be refused over HTTP: two listing loops made 89% of
+    another tenant's upserts 429); with the one read slot taken, both doors refuse a listing with the read refusal
+    (gRPC did not count it at all)."""
+    from tests.helpers import ServeProcess
+
+    server = ServeProcess(["--index", str(writable / "index"), "--store", str(writable / "store.db"),
+                           "--http-port", "0"], clean_env=True, env={"HYBRIDRAG_GENERATION__EMBEDDED__ENABLED": "false"})
+    (http_url,) = re.findall(r"HTTP on (http://\S+)", server.text())
+    grpc_port, http_port = _free_port(), _free_port()
+    config = FrontConfig(grpc_backends=(server.target,), http_backends=(http_url.removeprefix("http://").rstrip("/"),),
+                         port=grpc_port, http_port=http_port, max_in_flight=1, max_writes_in_flight=1,
+                         nginx=str(NGINX))
+    proc = start_front(config, tmp_path / "front")
+    url = f"http://127.0.0.1:{http_port}"
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    stub = pbg.RetrieverStub(channel)
+    upsert = {"documents": [{"id": "front-write", "text": "bees dance to tell where the flowers are"}]}
+    read_refusal = "overloaded: 1 requests in flight at the front (max 1)"
+    write_refusal = "overloaded: 1 writes in flight at the front (max 1)"
+
+    def held(path: str, probe) -> socket.socket:
+        """Take the budget of ``path``; return once the front refuses ``probe`` (the slot is counted)."""
+        s = _hold(http_port, path)
+        deadline = time.monotonic() + 10
+        while probe().status_code != 429:
+            assert time.monotonic() < deadline, f"the front never counted the call held on {path}"
+            time.sleep(0.05)
+        return s
+
+    try:
+        assert httpx.get(url + "/v1/documents?limit=3", timeout=30).status_code == 200
+        assert stub.ListDocuments(pb.ListDocumentsRequest(limit=3), timeout=30).documents
+
+        hold = held("/v1/documents", lambda: httpx.post(url + "/v1/documents", json=upsert, timeout=30))
+        try:
+            refused = httpx.post(url + "/v1/documents", json=upsert, timeout=30)
+            assert refused.json()["error"]["message"] == write_refusal
+            listed = httpx.get(url + "/v1/documents?limit=3", timeout=30)
+            assert listed.status_code == 200, listed.text
+            assert listed.json()["documents"]
+            assert stub.ListDocuments(pb.ListDocumentsRequest(limit=3), timeout=30).documents
+        finally:
+            hold.close()
+
+        hold = held("/v1/retrieve", lambda: httpx.post(url + "/v1/retrieve", json={"query": "bees"}, timeout=30))
+        try:
+            listed = httpx.get(url + "/v1/documents?limit=3", timeout=30)
+            assert listed.status_code == 429 and listed.json()["error"]["message"] == read_refusal, listed.text
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ListDocuments(pb.ListDocumentsRequest(limit=3), timeout=30)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and e.value.details() == read_refusal
+            # writes keep their own budget: an upsert passes while the read slot is taken
+            assert httpx.post(url + "/v1/documents", json=upsert, timeout=60).status_code == 200
+        finally:
+            hold.close()
+        deadline = time.monotonic() + 10  # the held call ends (its connection closed): listing passes again
+        while httpx.get(url + "/v1/documents?limit=3", timeout=30).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        channel.close()
+        stop_front(proc)
+        server.stop()
