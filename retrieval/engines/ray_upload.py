@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from index_builder.ray_build import connect
+from index_builder.ray_build import connect, disconnect
 from index_builder.snapshot import load_snapshot
 from retrieval.engines.qdrant import QdrantEngine
 from retrieval.engines.settings import EngineConfig
@@ -50,5 +50,4 @@ def migrate_on_ray(index_dir: Path, engine_config: EngineConfig, address: str, *
         return {**engine.migrated(snap, t0), "tasks": len(refs)}
     finally:
         engine.close()
-        if started:
-            ray.shutdown()
+        disconnect(started)  # leaves the cluster, and stops the local one this call started (--ray local)
