@@ -21,6 +21,13 @@ from retrieval.search.pipeline import Pipeline
 from tests.helpers import SAMPLE
 
 
+@pytest.fixture(autouse=True)
+def _sync_state_in_tmp(tmp_path_factory, monkeypatch) -> None:
+    """A folder sync keeps its per-source secrets under $XDG_STATE_HOME (retrieval/folder_state.py): never the
+    developer's own home during tests (a test that needs two "machines" sets its own)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
+
+
 @pytest.fixture(scope="session")
 def config() -> AppConfig:
     return load_config(environ={})
