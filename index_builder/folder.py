@@ -461,8 +461,8 @@ class SyncPlan:
 
 def plan_sync(docs: list[Document], existing: Mapping[str, tuple[str, str]]) -> SyncPlan:
     """Compare the folder's documents with ``existing`` (id -> (content hash, tenant) of the documents this folder
-    wrote before, and nothing else: whatever is in it may be deleted): new ids are added, another hash or tenant is updated, an id no longer in the folder
-    is deleted.
+    wrote before, and nothing else: whatever is in it may be deleted): new ids are added, another hash or tenant is
+    updated, an id no longer in the folder is deleted.
 
     >>> d = lambda i, h, t="": Document(id=i, text="t", tenant=t, metadata={"content_hash": h})
     >>> p = plan_sync([d("a", "1"), d("b", "2"), d("c", "3"), d("m", "4", "x")],
