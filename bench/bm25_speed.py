@@ -16,11 +16,11 @@ import time
 import numpy as np
 
 from bench.harness import machine, measure, write_result
-from index_builder.analysis import Analyzer
-from index_builder.build import BM25Config
-from index_builder.chunking import ChunkConfig, Chunker, chunk_passage
-from index_builder.corpus import read_corpus
-from index_builder.models import bundled_minilm
+from index_builder.documents.analysis import Analyzer
+from index_builder.documents.chunking import Chunker, chunk_passage
+from index_builder.documents.corpus import read_corpus
+from index_builder.models.encoders import bundled_minilm
+from index_builder.settings import BM25Config, ChunkConfig
 from index_builder.types import Hits
 from retrieval.evaluate import evaluate, load_qrels, load_queries
 from retrieval.search.aggregate import doc_starts, top_docs_from_chunk_scores

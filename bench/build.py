@@ -30,10 +30,9 @@ from bench.harness import machine, ratio, write_result
 
 
 def _encoder_alone(corpus: str, limit: int) -> dict[str, Any]:
-    from index_builder.build import chunk_passages
-    from index_builder.chunking import Chunker
-    from index_builder.corpus import read_corpus
-    from index_builder.models import Embedder
+    from index_builder.documents.chunking import Chunker, chunk_passages
+    from index_builder.documents.corpus import read_corpus
+    from index_builder.models.encoders import Embedder
     from retrieval.config import load_config
 
     config = load_config().build_config()
@@ -53,9 +52,9 @@ def _encoder_alone(corpus: str, limit: int) -> dict[str, Any]:
 def _build(corpus: str, limit: int, out: str, changed: int) -> dict[str, Any]:
     import resource
 
-    from index_builder.build import build_snapshot
-    from index_builder.corpus import read_corpus
-    from index_builder.models import Embedder
+    from index_builder.build.builder import build_snapshot
+    from index_builder.documents.corpus import read_corpus
+    from index_builder.models.encoders import Embedder
     from retrieval.config import load_config
 
     config = load_config().build_config()

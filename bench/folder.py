@@ -40,8 +40,8 @@ QUESTIONS = Path(__file__).resolve().parent / "data" / "folder_questions.json"
 
 def candidates(doc_root: Path) -> list[str]:
     """The files under ``doc_root`` the folder reader would try, of 1 KB or more."""
-    from index_builder.folder import FolderOptions
-    from index_builder.folder import candidates as readable
+    from index_builder.documents.folder import FolderOptions
+    from index_builder.documents.folder import candidates as readable
 
     return [rel for rel, path in readable(doc_root, FolderOptions()) if path.stat().st_size >= 1024]
 
@@ -97,7 +97,7 @@ def measured(cmd: list[str], work: Path, name: str) -> dict[str, Any]:
 
 
 def read_alone(folder: Path) -> dict[str, Any]:
-    from index_builder.folder import FolderReport, iter_folder
+    from index_builder.documents.folder import FolderReport, iter_folder
 
     report = FolderReport(root=str(folder))
     t = time.perf_counter()

@@ -70,8 +70,8 @@ def scaling(fn: Any, make_batch: Any, sizes: list[int], repeats: int) -> dict[st
 
 def provider_fallback(model_dir: str) -> dict[str, Any]:
     """Ask for TensorRT then CUDA; report what the session runs on (never an exception)."""
-    from index_builder.models import Embedder, EmbedderConfig
-    from index_builder.onnx_runner import RuntimeConfig
+    from index_builder.models.encoders import Embedder
+    from index_builder.settings import EmbedderConfig, RuntimeConfig
 
     asked = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
     try:
@@ -87,9 +87,9 @@ def role_timings(embedder: str, cross_encoder: Path | None, provider: str, repea
                  late_interaction: str = "") -> dict[str, Any]:
     """``embedder``: a model folder ("" = the bundled model); ``cross_encoder``: a model folder or None (skipped);
     ``late_interaction``: a ColBERT model folder ("" = skipped)."""
-    from index_builder.models import CrossEncoder, CrossEncoderConfig, Embedder, EmbedderConfig
-    from index_builder.onnx_runner import RuntimeConfig
-    from index_builder.token_encoders import ColbertEncoder, TokenEncoderConfig
+    from index_builder.models.encoders import CrossEncoder, Embedder
+    from index_builder.models.token_encoders import ColbertEncoder
+    from index_builder.settings import CrossEncoderConfig, EmbedderConfig, RuntimeConfig, TokenEncoderConfig
 
     rt = RuntimeConfig(providers=(provider,))
     out: dict[str, Any] = {"provider": provider}

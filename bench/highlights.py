@@ -96,8 +96,8 @@ def score(result: Any, question: dict[str, Any]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench.harness.pipelines import opened, with_sections
-    from index_builder.build import build_snapshot
-    from index_builder.models import Embedder
+    from index_builder.build.builder import build_snapshot
+    from index_builder.models.encoders import Embedder
     from retrieval.config import load_config
 
     spec = json.loads(Path(args.questions).read_text())

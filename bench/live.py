@@ -77,8 +77,8 @@ class Setup:
     them."""
 
     def __init__(self, live_cls: Any, config: Any, docs: list[Any]) -> None:
-        from index_builder.build import build_snapshot
-        from index_builder.models import Embedder
+        from index_builder.build.builder import build_snapshot
+        from index_builder.models.encoders import Embedder
         from retrieval.app import open_pipeline
         from retrieval.live.store import DocumentStore
 
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if not parts or set(parts) - set(PARTS):
         ap.error(f"--parts: choose from {', '.join(PARTS)}")
 
-    from index_builder.corpus import read_corpus
+    from index_builder.documents.corpus import read_corpus
     from retrieval.config import load_config
     from retrieval.evaluate import load_queries
 

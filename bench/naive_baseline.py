@@ -297,7 +297,7 @@ class NaiveBaseline:
         from rank_bm25 import BM25Okapi
         from sentence_transformers import SentenceTransformer
 
-        from index_builder.corpus import read_corpus, resolve_corpus_path
+        from index_builder.documents.corpus import read_corpus, resolve_corpus_path
 
         if threads > 0:
             torch.set_num_threads(threads)

@@ -34,7 +34,7 @@ from bench.harness import ints, machine, ratio, write_result
 def _corpus(src: str, limit: int, out: Path) -> Path:
     import json
 
-    from index_builder.corpus import iter_corpus
+    from index_builder.documents.corpus import iter_corpus
 
     path = out / "corpus.jsonl"
     with open(path, "w", encoding="utf-8") as f:

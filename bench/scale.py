@@ -92,7 +92,7 @@ def part_of(rel: str) -> str:
 
 
 def snapshot_folder(index: Path) -> Path:
-    from index_builder.snapshot import current_snapshot_dir
+    from index_builder.snapshot.format import current_snapshot_dir
 
     return current_snapshot_dir(index)
 
@@ -116,8 +116,8 @@ def child_build(spec_path: str) -> int:
     """``python -m bench.scale child-build SPEC``: the product's build of one corpus with the embedder the spec
     names; writes what it did to ``spec["result"]``."""
     from bench.harness.vectors import CachedEmbedder, PerturbedEmbedder, RecordingEmbedder, VectorCache, model_identity
-    from index_builder.build import build_snapshot
-    from index_builder.models import Embedder
+    from index_builder.build.builder import build_snapshot
+    from index_builder.models.encoders import Embedder
     from retrieval.config import load_config
 
     spec = json.loads(Path(spec_path).read_text())
@@ -164,7 +164,7 @@ def _documents(corpus: str, build_snapshot: Any) -> tuple[Any, dict[str, Any]]:
     (``total``), else the list."""
     import inspect
 
-    from index_builder import corpus as readers
+    from index_builder.documents import corpus as readers
 
     if hasattr(readers, "iter_corpus") and "total" in inspect.signature(build_snapshot).parameters:
         total = sum(1 for _ in readers.iter_corpus(corpus))

@@ -352,7 +352,7 @@ def trim_to_pieces(texts: list[str], tokenizer_path: Path, max_pieces: int) -> l
 
 
 def default_tokenizer() -> Path:
-    from index_builder.models import bundled_minilm
+    from index_builder.models.encoders import bundled_minilm
 
     return bundled_minilm().tokenizer_path
 

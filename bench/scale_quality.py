@@ -21,8 +21,8 @@ def run_quality(args: argparse.Namespace, log_dir: Path, run_build: Callable[...
     from bench.harness.pipelines import opened
     from bench.harness.vectors import VectorCache, model_identity, seed_cache_from_snapshot
     from bench.scale_corpus import read_pool, real_passages, write_jsonl
-    from index_builder.corpus import resolve_corpus_path
-    from index_builder.models import Embedder
+    from index_builder.documents.corpus import resolve_corpus_path
+    from index_builder.models.encoders import Embedder
     from retrieval.config import load_config
     from retrieval.evaluate import hnsw_recall, judged_queries, run_stages, summarize
 

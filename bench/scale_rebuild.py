@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from index_builder.snapshot import current_snapshot_dir
+from index_builder.snapshot.format import current_snapshot_dir
 
 
 def measure_rebuild(corpus: Path, index: Path, args: argparse.Namespace, log_dir: Path,

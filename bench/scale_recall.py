@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ints, percentiles, query_list
-from index_builder.snapshot import current_snapshot_dir
+from index_builder.snapshot.format import current_snapshot_dir
 
 
 def corpus_queries(corpus: Path, n: int, seed: int) -> list[tuple[str, str]]:

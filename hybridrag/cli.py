@@ -48,10 +48,10 @@ def _thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from hybridrag.folder_sync import build_folder
-    from index_builder.build import build_snapshot
-    from index_builder.corpus import CorpusReport, iter_corpus, read_corpus, resolve_corpus_path
+    from index_builder.build.builder import build_snapshot
+    from index_builder.documents.corpus import CorpusReport, iter_corpus, read_corpus, resolve_corpus_path
+    from index_builder.documents.folder import is_folder_corpus
     from index_builder.errors import CorpusError
-    from index_builder.folder import is_folder_corpus
 
     config = _config(args, _thread_overrides(args))
     t = time.perf_counter()
@@ -97,9 +97,9 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_index_tokens(args: argparse.Namespace) -> int:
-    from index_builder.build import rebuild_token_vectors
-    from index_builder.models import Embedder
-    from index_builder.token_encoders import make_token_encoder
+    from index_builder.build.builder import rebuild_token_vectors
+    from index_builder.models.encoders import Embedder
+    from index_builder.models.token_encoders import make_token_encoder
 
     config = _config(args, _thread_overrides(args))
     tc = config.late_interaction
@@ -111,7 +111,7 @@ def cmd_index_tokens(args: argparse.Namespace) -> int:
 
 
 def cmd_index_rebuild(args: argparse.Namespace) -> int:
-    from index_builder.build import build_snapshot
+    from index_builder.build.builder import build_snapshot
     from retrieval.live.store import DocumentStore
 
     config = _config(args, _thread_overrides(args))
@@ -142,9 +142,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _migrate(index_dir: Path, config, *, replace: bool, ray: str | None = None) -> int:
-    from index_builder.build import expected_settings
-    from index_builder.models import Embedder
-    from index_builder.snapshot import load_snapshot
+    from index_builder.models.encoders import Embedder
+    from index_builder.snapshot.format import load_snapshot
+    from index_builder.snapshot.manifest import expected_settings
     from retrieval.engines.qdrant import QdrantEngine
 
     if config.backend.location == ":memory:":
@@ -217,8 +217,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         index_dir = Path(tmp.name)
     build_info = None
     if not (index_dir / "CURRENT").exists():
-        from index_builder.build import build_snapshot
-        from index_builder.corpus import read_corpus
+        from index_builder.build.builder import build_snapshot
+        from index_builder.documents.corpus import read_corpus
 
         docs, _ = read_corpus(dataset)
         summary = build_snapshot(docs, index_dir, config.build_config(), progress=not args.quiet)
@@ -551,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_eval)
 
-    from index_builder.export import add_parser as add_models_parser
+    from index_builder.models.export import add_parser as add_models_parser
 
     add_models_parser(sub)
 

@@ -13,8 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from index_builder.documents.folder import DEFAULT_MAX_FILE_MB, FolderOptions, FolderReport, load_tenant_map
 from index_builder.errors import ConfigError, CorpusError
-from index_builder.folder import DEFAULT_MAX_FILE_MB, FolderOptions, FolderReport, load_tenant_map
 
 
 def add_folder_args(p: argparse.ArgumentParser) -> None:

@@ -3,14 +3,15 @@ late-interaction token encoder), chunking, BM25 analysis and the build, and :cla
 
 A settings module: dataclasses and their checks only, importing nothing heavier than the standard library (no
 model runtime, tokenizer, stemmer or index library), so that loading a configuration (``retrieval/config.py``)
-costs milliseconds. The modules that use these sections re-export their names (``index_builder.models``,
-``index_builder.onnx_runner``, ``index_builder.token_encoders``, ``index_builder.analysis``,
-``index_builder.chunking``, ``index_builder.build``).
+costs milliseconds. The modules that use these sections re-export their names (``index_builder.models.encoders``,
+``index_builder.models.runner``, ``index_builder.models.token_encoders``, ``index_builder.documents.analysis``,
+``index_builder.documents.chunking``, ``index_builder.build.builder``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from index_builder.errors import ConfigError  # noqa: F401  (re-exported: the error of a bad configuration)
 
@@ -19,9 +20,13 @@ from index_builder.errors import ConfigError  # noqa: F401  (re-exported: the er
 CPU = "CPUExecutionProvider"
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 GRAPH_OPTIMIZATIONS = ("disable", "basic", "extended", "all")  # onnx_runner maps them to ONNX Runtime's levels
-BUNDLED = "bundled"  # the offline default model (index_builder.models.bundled_minilm)
-CE_PRECISIONS = ("auto", "int8", "fp32")  # [cross_encoder] precision (index_builder/int8.py)
-STORAGES = ("float16", "int8")  # the plain storages; a stateless codec spec of rerank/token_codes.py is one too
+BUNDLED = "bundled"  # the offline default model (index_builder.models.encoders.bundled_minilm)
+CE_PRECISIONS = ("auto", "int8", "fp32")  # [cross_encoder] precision (index_builder/models/int8.py)
+STORAGES = ("float16", "int8")  # the plain storages; a stateless codec spec (CodecSpec) is one too
+# the token codecs' words (index_builder/snapshot/token_codes.py codes and scores them)
+QUANTS = ("int8", "int4", "bin", "bins", "res1", "res2")
+DEFAULT_CENTROIDS = 1024
+POOL_METHODS = ("ward", "colbert")  # index_builder/snapshot/token_pooling.py
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class CrossEncoderConfig:
     cache_dir: str = ""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     # "auto": on the CPU provider of a CPU with an int8 dot-product extension (AVX-512 VNNI, AVX-VNNI, AMX), serve
-    # a dynamic int8 copy of the model, made on first use and cached (index_builder/int8.py): 0.55-0.61x the fp32
+    # a dynamic int8 copy of the model, made on first use and cached (index_builder/models/int8.py): 0.55-0.61x the fp32
     # cost, nDCG@10 -0.002 to -0.007 (docs/results/interactive-cascade.md); elsewhere the model as it is (int8
     # kernels without those instructions are slower than fp32). "int8": the copy on any CPU; "fp32": never.
     precision: str = "auto"
@@ -106,9 +111,10 @@ class TokenEncoderConfig:
     """
 
     model: str = ""
-    # how the token vectors are stored: a codec of rerank/token_codes.py, chosen by measurement (each passage's tokens
-    # pooled 3 to 1, each kept as its signs and a float16 scale: 50 bytes a vector, ~3.4 KB a passage against ~79 KB
-    # for "int8"; nDCG@10 -0.0008 SciFact, -0.0013 NFCorpus: docs/results/token-codes.md), or "int8" / "float16"
+    # how the token vectors are stored: a codec of index_builder/snapshot/token_codes.py, chosen by measurement
+    # (each passage's tokens pooled 3 to 1, each kept as its signs and a float16 scale: 50 bytes a vector, ~3.4 KB a
+    # passage against ~79 KB for "int8"; nDCG@10 -0.0008 SciFact, -0.0013 NFCorpus: docs/results/token-codes.md),
+    # or "int8" / "float16"
     storage: str = "pool3+bins"
     batch_size: int = 32
     query_maxlen: int = 0
@@ -118,11 +124,100 @@ class TokenEncoderConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self) -> None:
-        from rerank.token_codes import check_storage
-
         object.__setattr__(self, "storage", check_storage(self.storage))
         if self.batch_size < 1 or self.query_maxlen < 0 or self.doc_maxlen < 0:
             raise ValueError("batch_size must be >= 1 and query_maxlen/doc_maxlen >= 0 (0 = the model's own)")
+
+
+# ---------------------------------------------------------------------- token storage
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """What a codec does: ``quant`` (one of :data:`QUANTS`), ``pca`` (coded dims, 0 = no projection), ``pool``
+    (pool factor at build, 1 = none; ``pool_method`` ``ward`` over the unit vectors, or ``colbert``: Stanford
+    ColBERT's call, Ward over the rows of the cosine-distance matrix), ``centroids`` (``res*`` only).
+
+    >>> s = CodecSpec.parse("res2+pool2+pca128")
+    >>> str(s), s.centroids
+    ('pool2+pca128+res2+k1024', 1024)
+    >>> str(CodecSpec.parse("int8")), str(CodecSpec.parse("colpool3+bins"))
+    ('int8', 'colpool3+bins')
+    """
+
+    quant: str = "int8"
+    pca: int = 0
+    pool: int = 1
+    pool_method: str = "ward"
+    centroids: int = 0
+
+    def __post_init__(self) -> None:
+        if self.quant not in QUANTS:
+            raise ValueError(f"unknown quantiser {self.quant!r} (known: {', '.join(QUANTS)})")
+        if self.pca < 0 or self.pool < 1 or self.centroids < 0:
+            raise ValueError(f"bad codec spec {self!r}")
+        if self.pool_method not in POOL_METHODS:
+            raise ValueError(f"unknown pool method {self.pool_method!r} (known: {', '.join(POOL_METHODS)})")
+        if self.quant.startswith("res") and not self.centroids:
+            object.__setattr__(self, "centroids", DEFAULT_CENTROIDS)
+        if not self.quant.startswith("res") and self.centroids:
+            raise ValueError(f"centroids apply to res1/res2 only, not {self.quant}")
+
+    @classmethod
+    def parse(cls, text: str | CodecSpec) -> CodecSpec:
+        if isinstance(text, CodecSpec):
+            return text
+        kw: dict[str, Any] = {}
+        for part in (p.strip() for p in str(text).split("+") if p.strip()):
+            if part in QUANTS:
+                kw["quant"] = part
+            elif part.startswith("pca") and part[3:].isdigit():
+                kw["pca"] = int(part[3:])
+            elif part.startswith("colpool") and part[7:].isdigit():
+                kw["pool"], kw["pool_method"] = int(part[7:]), "colbert"
+            elif part.startswith("pool") and part[4:].isdigit():
+                kw["pool"] = int(part[4:])
+            elif part.startswith("k") and part[1:].isdigit():
+                kw["centroids"] = int(part[1:])
+            else:
+                raise ValueError(f"unknown codec step {part!r} in {text!r}")
+        return cls(**kw)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.pool > 1:
+            parts.append(f"{'colpool' if self.pool_method == 'colbert' else 'pool'}{self.pool}")
+        if self.pca:
+            parts.append(f"pca{self.pca}")
+        parts.append(self.quant)
+        if self.quant.startswith("res"):
+            parts.append(f"k{self.centroids}")
+        return "+".join(parts)
+
+
+def is_stateless(spec: CodecSpec) -> bool:
+    """A codec with nothing to fit (no projection, no centroids): pooling and the per-vector quantisers. Only
+    these are index storages: a build codes each batch as it is embedded, with no pass over the corpus first."""
+    return spec.pca == 0 and not spec.quant.startswith("res")
+
+
+def check_storage(storage: str) -> str:
+    """``storage`` as an index stores it (``[late_interaction] storage``): ``float16``, ``int8`` or a stateless codec
+    spec (``pool3+bins``), normalised; ValueError naming the problem otherwise.
+
+    >>> check_storage("bins+pool3"), check_storage("int8")
+    ('pool3+bins', 'int8')
+    """
+    if storage in STORAGES:
+        return storage
+    try:
+        spec = CodecSpec.parse(storage)
+    except ValueError as e:
+        raise ValueError(f"late_interaction.storage {storage!r}: {e} (float16, int8, or a codec such as "
+                         f"pool3+bins: index_builder/snapshot/token_codes.py)") from None
+    if not is_stateless(spec):
+        raise ValueError(f"late_interaction.storage {storage!r} needs a codec fitted on the corpus (pca, res*): "
+                         f"not an index storage; use float16, int8, int4, bin or bins, optionally poolN")
+    return str(spec)
 
 
 # ---------------------------------------------------------------------- text
@@ -195,7 +290,7 @@ class HNSWConfig:
 
 @dataclass(frozen=True)
 class RayBuildConfig:
-    """``[build.ray]``: ``hybridrag build --ray ADDRESS`` (index_builder/ray_build.py). ``actors``: encoder actors
+    """``[build.ray]``: ``hybridrag build --ray ADDRESS`` (index_builder/build/ray_build.py). ``actors``: encoder actors
     (0: as many as the cluster's CPUs allow at ``actor_cpus`` each, or its GPUs at ``actor_gpus``); each loads the
     models once and runs ONNX with ``actor_cpus`` threads (CUDA/TensorRT providers as ``[embedder.runtime]`` says
     when ``actor_gpus`` > 0). ``prepare_cpus``: what a chunk-and-analyse task reserves (0: it runs beside the
@@ -225,13 +320,13 @@ class BuildConfig:
     token_encoder: TokenEncoderConfig = field(default_factory=TokenEncoderConfig)
     keep_snapshots: int = 3  # generations kept on disk after a build (0 keeps all)
     # passages embedded at a time: one checkpoint of the build (a killed build resumes after its last one), and the
-    # bound on what the build holds of model output at once (index_builder/build.py)
+    # bound on what the build holds of model output at once (index_builder/build/builder.py)
     embed_batch: int = 1024
     # true: reuse the encodings the current snapshot, the write buffer and a killed build's checkpoints hold (by
     # chunk key: model files' sha256 and settings + passage); false embeds every passage again (to time a full
     # build, or after a runtime upgrade that changes the vectors the same model file makes)
     reuse: bool = True
-    dense_index: str = "auto"  # [dense] index: auto, hnsw, hnsw_sq8, ivf_pq (index_builder/dense_index.py)
+    dense_index: str = "auto"  # [dense] index: auto, hnsw, hnsw_sq8, ivf_pq (index_builder/snapshot/dense_index.py)
     ray: RayBuildConfig = field(default_factory=RayBuildConfig)  # [build.ray]: a build on a Ray cluster
 
     def __post_init__(self) -> None:

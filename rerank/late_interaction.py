@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from index_builder.snapshot.token_codes import TokenCodes, pooled, stored_codec
 from rerank.interpolation import blend_with_prior
 from rerank.maxsim import token_maxsims
-from rerank.token_codes import TokenCodes, pooled, stored_codec
 
 SCORES = ("maxsim", "token_z")
 
@@ -60,9 +60,9 @@ def head_scores(per_token: np.ndarray, score: str = "maxsim") -> np.ndarray:
 class LateInteractionReranker:
     """MaxSim over the candidate chunks' stored token vectors: ``vectors`` [T, d] float16, or int8 with per-vector
     ``scales`` [T] (``storage`` ``float16`` / ``int8``), or the codes of a compact store (``storage`` a codec spec
-    of :mod:`rerank.token_codes` such as ``pool3+bins``: packed codes [T, B], ``scales`` [T] where the codec has
+    of :mod:`index_builder.snapshot.token_codes` such as ``pool3+bins``: packed codes [T, B], ``scales`` [T] where the codec has
     them, scored on the codes); ``offsets`` [chunks + 1]. A pooled store may give ``groups`` with ``group_offsets``
-    (each original token's pooled row, :class:`rerank.token_codes.TokenCodes`): then :meth:`token_sims` has
+    (each original token's pooled row, :class:`index_builder.snapshot.token_codes.TokenCodes`): then :meth:`token_sims` has
     positions. Any array may be a memmap: only the head's rows are read."""
 
     def __init__(self, vectors: np.ndarray, offsets: np.ndarray, scales: np.ndarray | None = None,

@@ -21,9 +21,9 @@ from typing import Any
 
 from opentelemetry.trace import Tracer
 
-from index_builder.build import expected_settings
 from index_builder.errors import ConfigError, HybridRagError
-from index_builder.models import CrossEncoder, Embedder
+from index_builder.models.encoders import CrossEncoder, Embedder
+from index_builder.snapshot.manifest import expected_settings
 from retrieval.config import AppConfig
 from retrieval.engines.qdrant import EngineWriter, QdrantEngine, QdrantView
 from retrieval.generation.generator import GeneratorSetup, open_generator

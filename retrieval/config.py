@@ -58,7 +58,7 @@ __all__ = ["AppConfig", "BatchingConfig", "BuildOptions", "DenseConfig", "FirstS
 class BuildOptions:
     token_vectors: bool = True
     keep_snapshots: int = 3
-    embed_batch: int = 1024  # passages embedded at a time: one checkpoint of the build (index_builder/build.py)
+    embed_batch: int = 1024  # passages embedded at a time: one checkpoint of the build (index_builder/build/builder.py)
     reuse: bool = True  # false: embed every passage again instead of reusing the encodings earlier builds hold
     ray: RayBuildConfig = field(default_factory=RayBuildConfig)  # [build.ray]: hybridrag build --ray
 

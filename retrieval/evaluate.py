@@ -271,7 +271,7 @@ def doc_queries(qrels: Qrels, texts: dict[str, str], *, max_queries: int = 300, 
 
 
 def document_texts(dataset: Path) -> dict[str, str]:
-    from index_builder.corpus import iter_corpus
+    from index_builder.documents.corpus import iter_corpus
 
     return {d.id: f"{d.title}. {d.text}" if d.title else d.text for d in iter_corpus(dataset)}
 
@@ -279,7 +279,7 @@ def document_texts(dataset: Path) -> dict[str, str]:
 def write_beir(out: Path, dataset: Path, split: str, queries: dict[str, str], qrels: Qrels,
                info: dict[str, object]) -> None:
     """A BEIR folder: ``queries.jsonl``, ``qrels/<split>.tsv``, the source corpus linked, and ``ood.json``."""
-    from index_builder.corpus import resolve_corpus_path
+    from index_builder.documents.corpus import resolve_corpus_path
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "qrels").mkdir(exist_ok=True)

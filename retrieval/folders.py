@@ -1,7 +1,7 @@
 """A folder of files kept in step with an index, as a library call: the flow behind ``hybridrag build --corpus DIR``
 and ``hybridrag sync`` (the command line only parses and prints).
 
-- :func:`read_folder`: options in, documents and a report out (:mod:`index_builder.folder` reads each file);
+- :func:`read_folder`: options in, documents and a report out (:mod:`index_builder.documents.folder` reads each file);
 - :class:`FolderSync`: one round against a target, a document store (:class:`StoreTarget`) or a running server
   (:class:`ServerTarget`, gRPC): list what the target holds from this source, upsert new and changed files in
   batches, delete what this sync wrote whose file is gone; :func:`sync_retrying` and :func:`watch` repeat it
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from index_builder.corpus import MAX_ID_CHARS
-from index_builder.folder import (
+from index_builder.documents.corpus import MAX_ID_CHARS
+from index_builder.documents.folder import (
     FolderOptions,
     FolderReport,
     Skipped,
@@ -76,7 +76,7 @@ BATCH_BYTES = 8 * 2**20  # under the server's 16 MiB request limit
 def documents(root: str | Path, options: FolderOptions | None = None, report: FolderReport | None = None, *,
               id_prefix: str = "", cache: dict | None = None) -> Iterator[Document]:
     """The folder's documents in path order, ids prefixed with ``id_prefix`` (skipped files go to ``report``);
-    ``cache`` as for :func:`index_builder.folder.iter_folder` (a watch passes the same one every round)."""
+    ``cache`` as for :func:`index_builder.documents.folder.iter_folder` (a watch passes the same one every round)."""
     report = report if report is not None else FolderReport(root=str(root))
     for d in iter_folder(root, options, report, cache=cache):
         if id_prefix:
@@ -385,7 +385,7 @@ def folder_build(root: str | Path, options: SyncOptions, index_root: Path, store
 
 def snapshot_holdings(index_root: Path, source: str) -> dict[str, tuple[str, str]]:
     """id -> (content hash, tenant) of what the current generation of ``index_root`` holds from ``source``."""
-    from index_builder.snapshot import current_snapshot_dir, read_documents
+    from index_builder.snapshot.format import current_snapshot_dir, read_documents
 
     try:
         docs = read_documents(current_snapshot_dir(index_root) / "documents.jsonl")

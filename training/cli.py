@@ -36,8 +36,8 @@ def _open_pipeline(index_dir: Path, dataset: Path, config: Any, quiet: bool, doc
     """The pipeline the server would run over ``index_dir`` (:func:`retrieval.app.open_pipeline`: the configured
     backend, cache and cross-encoder), the index built there from ``dataset``'s corpus (or ``docs``, already read
     from it) first when it has no snapshot."""
-    from index_builder.build import build_snapshot
-    from index_builder.corpus import read_corpus, resolve_corpus_path
+    from index_builder.build.builder import build_snapshot
+    from index_builder.documents.corpus import read_corpus, resolve_corpus_path
     from retrieval.app import open_pipeline
 
     if not (index_dir / "CURRENT").exists():
@@ -152,7 +152,7 @@ def cmd_train_card(args: argparse.Namespace) -> int:
 
 
 def cmd_train_synth_queries(args: argparse.Namespace) -> int:
-    from index_builder.corpus import read_corpus, resolve_corpus_path
+    from index_builder.documents.corpus import read_corpus, resolve_corpus_path
     from retrieval.config import load_config
     from retrieval.generation.embedded import EmbeddedLLMConfig, EmbeddedLLMServer
     from training.synthetic import SynthConfig, chat_completer, synthesize

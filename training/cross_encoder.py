@@ -3,7 +3,7 @@
 Model: ``BertForSequenceClassification`` with one logit, initialised from ``--init`` (default: the bundled
 all-MiniLM-L6-v2 weights; any local transformers folder), a new classification head. Pairs are
 ``[CLS] query [SEP] passage [SEP]``, passage = title + text, truncated on the passage side to ``max_length`` (the
-serving side's convention, :class:`index_builder.models.CrossEncoder`).
+serving side's convention, :class:`index_builder.models.encoders.CrossEncoder`).
 
 Loss: listwise softmax cross-entropy: per group (query, positive, hard and random negatives; see
 :mod:`training.data`) the positive's log-probability among the group's logits. In-batch negatives: the other groups'

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from index_builder.corpus import read_corpus, resolve_corpus_path
+from index_builder.documents.corpus import read_corpus, resolve_corpus_path
 from index_builder.errors import CorpusError
 from rerank.interpolation import WEIGHT_GRID
 from rerank.late_interaction import rerank_head

@@ -116,8 +116,8 @@ class Teacher:
     """The teacher's logits for (query, passage) pairs, from its ONNX model as served."""
 
     def __init__(self, folder: Path, max_length: int, threads: int = 0) -> None:
-        from index_builder.models import CrossEncoder, CrossEncoderConfig
-        from index_builder.onnx_runner import RuntimeConfig
+        from index_builder.models.encoders import CrossEncoder
+        from index_builder.settings import CrossEncoderConfig, RuntimeConfig
 
         # precision "fp32": the teacher's own logits are the targets, not the int8 copy a VNNI CPU would serve
         self.model = CrossEncoder(CrossEncoderConfig(model=str(folder), max_length=max_length, batch_size=64,

@@ -220,12 +220,13 @@ def export_late_interaction(model, tokenizer, conv, out: Path, queries: Sequence
                             doc_maxlen: int, opset: int = 17) -> dict[str, Any]:
     """``model.onnx`` (fp32, output ``token_embeddings``) and ``int8/model.onnx``, each with the tokenizer and
     ``colbert_config.json``; checked by loading each folder with the serving side's
-    :class:`index_builder.token_encoders.ColbertEncoder` and comparing its query and passage vectors (and the
+    :class:`index_builder.models.token_encoders.ColbertEncoder` and comparing its query and passage vectors (and the
     MaxSim scores of every query against every passage) with torch's."""
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from index_builder.token_encoders import ColbertEncoder, TokenEncoderConfig
+    from index_builder.models.token_encoders import ColbertEncoder
+    from index_builder.settings import TokenEncoderConfig
     from training.late_interaction import save_torch, write_conventions
 
     out.mkdir(parents=True, exist_ok=True)

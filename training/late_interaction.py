@@ -1,6 +1,6 @@
 """``hybridrag train late-interaction``: fine-tune a ColBERT-style model on a corpus's judgments.
 
-Model (ColBERT conventions, :class:`index_builder.token_encoders.ColbertConventions`): a BERT encoder initialised
+Model (ColBERT conventions, :class:`index_builder.models.token_encoders.ColbertConventions`): a BERT encoder initialised
 from ``--init`` (default: the bundled all-MiniLM-L6-v2) + ``Linear(hidden -> dim, no bias)`` + L2 normalisation.
 Queries are ``[CLS] [unused0] tokens [SEP]`` padded with ``[MASK]`` to exactly ``query_maxlen`` ids, the masks not
 attended to but scored (query augmentation); documents ``[CLS] [unused1] tokens [SEP]`` cut at ``doc_maxlen`` ids,
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from index_builder.token_encoders import ColbertConventions
+from index_builder.models.token_encoders import ColbertConventions
 from retrieval.evaluate import evaluate
 from training.data import Group, TrainingData, fused_run, make_groups
 from training.runtime import CPU_FP32, TorchRuntime, resolve_runtime

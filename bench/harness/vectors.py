@@ -17,7 +17,7 @@ model call is replaced.
   cycled from the base passage's token vectors, each plus noise and renormalised. **For cost curves only**: the
   bytes, build and search costs of rows shaped like real ones, never a quality figure.
 
-Every embedder is the product's :class:`~index_builder.models.Embedder` (same tokenizer, files, dimension and
+Every embedder is the product's :class:`~index_builder.models.encoders.Embedder` (same tokenizer, files, dimension and
 identity: a snapshot built with it serves with the default configuration, queries embedded by the real model)
 with ``encode`` replaced, and counts what it did (``stats()``).
 """
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from index_builder.models import Embedder, Encoded
+from index_builder.models.encoders import Embedder, Encoded
 
 SHARD_ROWS = 1024
 
@@ -292,8 +292,8 @@ def seed_cache_from_snapshot(cache: VectorCache, index_dir: str | Path, embedder
     """Copy a built snapshot's vectors (``vectors.npy``, int8 or float16 ``token_vectors.npy``: the plain storages)
     into ``cache``, keyed by the passages the build embedded; returns the rows added. Refuses a snapshot of another
     model; raises when the format is not one this reads (then embed with ``cached`` instead)."""
-    from index_builder.build import chunk_passages
-    from index_builder.snapshot import load_snapshot
+    from index_builder.documents.chunking import chunk_passages
+    from index_builder.snapshot.format import load_snapshot
 
     snap = load_snapshot(Path(index_dir), checksums=False)
     have = snap.manifest["models"]["embedder"]

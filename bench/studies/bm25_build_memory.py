@@ -1,5 +1,5 @@
 """What the build's BM25 costs in memory (issue 41: a build whose peak does not grow with the corpus beyond the index
-structures): the first N passages of a corpus analysed and added to :class:`index_builder.bm25_build.BM25Builder`
+structures): the first N passages of a corpus analysed and added to :class:`index_builder.snapshot.bm25_files.BM25Builder`
 as a build adds them, then ``finish`` (scoring into the CSC matrix) traced by ``tracemalloc``: the postings held
 before it (the floor: what the build keeps per passage anyway) and the peak during it, per posting and per
 passage, its time, and the size of the matrix it makes. Usage::
@@ -22,10 +22,10 @@ from bench.harness import ratio, write_result
 
 
 def measure(corpus: str, passages: int, batch: int = 2048, spill: str = "") -> dict[str, Any]:
-    from index_builder import bm25_build
-    from index_builder.analysis import Analyzer
-    from index_builder.bm25_build import BM25Builder
+    from index_builder.documents.analysis import Analyzer
     from index_builder.settings import AnalyzerConfig
+    from index_builder.snapshot import bm25_files as bm25_build
+    from index_builder.snapshot.bm25_files import BM25Builder
 
     analyzer = Analyzer(AnalyzerConfig())
     t = time.perf_counter()

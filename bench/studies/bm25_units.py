@@ -14,10 +14,11 @@ import bm25s
 import numpy as np
 
 from bench.harness import write_result
-from index_builder.analysis import Analyzer, AnalyzerConfig
-from index_builder.chunking import CHUNK_DTYPE, ChunkConfig, Chunker, chunk_passage
-from index_builder.corpus import read_corpus
-from index_builder.models import bundled_minilm
+from index_builder.documents.analysis import Analyzer
+from index_builder.documents.chunking import CHUNK_DTYPE, Chunker, chunk_passage
+from index_builder.documents.corpus import read_corpus
+from index_builder.models.encoders import bundled_minilm
+from index_builder.settings import AnalyzerConfig, ChunkConfig
 from retrieval.evaluate import evaluate, load_qrels, load_queries
 from retrieval.search.aggregate import doc_starts, top_docs_from_chunk_scores
 

@@ -44,9 +44,9 @@ import pytrec_eval
 
 from bench.harness import median, percentiles, write_result
 from bench.harness.pipelines import opened
-from index_builder.export import quantize_model
-from index_builder.models import CrossEncoder, CrossEncoderConfig
-from index_builder.onnx_runner import RuntimeConfig
+from index_builder.models.encoders import CrossEncoder
+from index_builder.models.export import quantize_model
+from index_builder.settings import CrossEncoderConfig, RuntimeConfig
 from rerank.cross_encoder import decisive_gap
 from rerank.late_interaction import rerank_head
 from retrieval.config import load_config

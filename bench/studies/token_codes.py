@@ -1,4 +1,4 @@
-"""A compact token store chosen by measurement (issue #41, ask 2): every codec of :mod:`rerank.token_codes` scored
+"""A compact token store chosen by measurement (issue #41, ask 2): every codec of :mod:`index_builder.snapshot.token_codes` scored
 as the served default cascade scores, its bytes and its MaxSim time.
 
 For every query of every set, the served fused list (top 100, a real pipeline call) and the query's token vectors
@@ -51,9 +51,10 @@ from threadpoolctl import threadpool_limits
 from bench.harness import alternate, names, percentiles, write_result
 from bench.harness.pipelines import opened
 from bench.studies.cascade_robustness import Scorer, parse_set, reorder_head
+from index_builder.settings import CodecSpec
+from index_builder.snapshot.token_codes import TokenCodec, TokenCodes
+from index_builder.snapshot.token_pooling import pool_tokens
 from rerank.maxsim import token_maxsims
-from rerank.token_codes import CodecSpec, TokenCodec, TokenCodes
-from rerank.token_pooling import pool_tokens
 from retrieval.config import load_config
 from retrieval.evaluate import judged_queries
 

@@ -3,7 +3,7 @@
 One Qdrant point per chunk, with three named vectors and the chunk's payload:
 
 - ``dense``: the embedder's vector (dot product; the vectors are unit length), HNSW on a server;
-- ``bm25``: a sparse vector of the chunk's analysed terms (the same :class:`~index_builder.analysis.Analyzer` as
+- ``bm25``: a sparse vector of the chunk's analysed terms (the same :class:`~index_builder.documents.analysis.Analyzer` as
   the local BM25; term ids are the CRC-32 of the term, so no vocabulary is shared between replicas). Values are
   Lucene's length-normalised term frequency ``tf / (tf + k1 * (1 - b + b * dl / avgdl))`` with ``avgdl`` from
   the snapshot the collection was made from; Qdrant's ``IDF`` modifier multiplies in
@@ -52,13 +52,15 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from index_builder.analysis import Analyzer, AnalyzerConfig
-from index_builder.build import chunk_passages
-from index_builder.chunking import ChunkConfig, Chunker, chunk_passage
+from index_builder.documents.analysis import Analyzer
+from index_builder.documents.chunking import Chunker, chunk_passage, chunk_passages
 from index_builder.errors import ConfigError
-from index_builder.models import Embedder
-from index_builder.snapshot import LoadedSnapshot, check_settings
-from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore
+from index_builder.models.encoders import Embedder
+from index_builder.models.token_encoders import EmbedderTokens, TokenEncoder
+from index_builder.settings import AnalyzerConfig, ChunkConfig
+from index_builder.snapshot.format import LoadedSnapshot
+from index_builder.snapshot.manifest import check_settings
+from index_builder.snapshot.token_store import TokenStore
 from index_builder.types import Document, Hits
 from rerank.late_interaction import LateInteractionReranker, Reordering, rerank_head
 from retrieval.engines.settings import EngineConfig

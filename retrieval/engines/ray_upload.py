@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from index_builder.ray_build import connect, disconnect
-from index_builder.snapshot import load_snapshot
+from index_builder.build.ray_build import connect, disconnect
+from index_builder.snapshot.format import load_snapshot
 from retrieval.engines.qdrant import QdrantEngine
 from retrieval.engines.settings import EngineConfig
 

@@ -20,8 +20,8 @@ from functools import cached_property
 
 import numpy as np
 
-from index_builder.snapshot import CHUNK_DTYPE
-from index_builder.token_encoders import TokenStore
+from index_builder.documents.chunking import CHUNK_DTYPE
+from index_builder.snapshot.token_store import TokenStore
 from index_builder.types import Document
 from retrieval.search.aggregate import doc_starts
 from retrieval.search.bm25 import BM25Stats

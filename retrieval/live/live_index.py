@@ -58,11 +58,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from index_builder.build import BuildSummary, build_snapshot, chunk_passages, identity_of
-from index_builder.chunking import ChunkConfig, Chunker
-from index_builder.encodings import Source, chunk_keys
-from index_builder.models import Embedder, EmbedderConfig
-from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenEncoderConfig, TokenStore
+from index_builder.build.builder import BuildSummary, build_snapshot
+from index_builder.build.encodings import Source, chunk_keys
+from index_builder.build.workers import identity_of
+from index_builder.documents.chunking import Chunker, chunk_passages
+from index_builder.models.encoders import Embedder
+from index_builder.models.token_encoders import EmbedderTokens, TokenEncoder
+from index_builder.settings import ChunkConfig, EmbedderConfig, TokenEncoderConfig
+from index_builder.snapshot.token_store import TokenStore
 from index_builder.types import Document, Hits
 from rerank.late_interaction import LateInteractionReranker, Reordering, head_scores, rerank_head
 from retrieval.errors import InvalidRequest, Overloaded

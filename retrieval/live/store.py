@@ -19,7 +19,7 @@ connections, never under the writers' lock: in WAL mode a reader sees the last c
 for the writer nor holds it up. A listing is served by the ``(tenant, id)`` index, so a page costs a page whatever
 other tenants hold, and a filtered page examines at most ``SCAN_ROWS`` rows (see :meth:`DocumentStore.list_page`).
 
-Every document is checked by :func:`index_builder.corpus.parse_document` before it is written, so the store holds
+Every document is checked by :func:`index_builder.documents.corpus.parse_document` before it is written, so the store holds
 valid UTF-8 only; a row that somehow holds invalid UTF-8 (written by another tool) is still read (its bytes
 decoded with ``surrogateescape``, its title and text with U+FFFD), never a crash of the read.
 """
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from index_builder.corpus import lone_surrogate, parse_document, without_surrogates
+from index_builder.documents.corpus import lone_surrogate, parse_document, without_surrogates
 from index_builder.types import Document
 from retrieval.errors import DeadlineExceeded, InvalidRequest, PermissionDenied
 
@@ -106,7 +106,7 @@ def validate_document(obj: Document | Mapping[str, Any], position: int) -> Docum
         raise InvalidRequest(f"{name}: title is {len(doc.title)} characters; at most {MAX_TITLE_CHARS} are allowed")
     if len(doc.metadata) > MAX_METADATA_KEYS:
         raise InvalidRequest(f"{name}: {len(doc.metadata)} metadata keys; at most {MAX_METADATA_KEYS} are allowed")
-    return doc  # tenant, metadata keys and values were checked by parse_document (index_builder.corpus)
+    return doc  # tenant, metadata keys and values were checked by parse_document (index_builder.documents.corpus)
 
 
 def _doc_bytes(d: Document) -> int:

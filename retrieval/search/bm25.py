@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import bm25s
 import numpy as np
 
-from index_builder.analysis import Analyzer
+from index_builder.documents.analysis import Analyzer
 from index_builder.types import Hits
 from retrieval.search.aggregate import one_chunk_per_doc, top_docs_from_chunk_scores
 

@@ -14,8 +14,8 @@ import math
 import faiss
 import numpy as np
 
-from index_builder.dense_index import search_params
-from index_builder.row_file import RowFile
+from index_builder.snapshot.dense_index import search_params
+from index_builder.snapshot.row_file import RowFile
 from index_builder.types import Hits
 from retrieval.search.aggregate import one_chunk_per_doc, top_docs_from_chunk_hits, top_docs_from_chunk_scores
 from retrieval.search.settings import DenseConfig  # noqa: F401  (its section lives with the search settings)
@@ -23,7 +23,7 @@ from retrieval.search.settings import DenseConfig  # noqa: F401  (its section li
 
 class DenseRetriever:
     """Dense search over the snapshot's index (``index``: HNSW over float vectors, HNSW over 8-bit codes, or IVF-PQ:
-    index_builder/dense_index.py), documents scored by their best chunk. The compressed kinds re-score their
+    index_builder/snapshot/dense_index.py), documents scored by their best chunk. The compressed kinds re-score their
     candidates exactly from ``vectors`` (float32, memory-mapped: only those rows are read)."""
 
     name = "dense"
@@ -42,7 +42,7 @@ class DenseRetriever:
         # rescoring 1x or 4x), so HNSW-SQ8 widens its beam by ``rescore`` but rescores only the best ``want``;
         # PQ codes rank coarsely, so IVF-PQ rescores all ``rescore`` x ``want`` candidates.
         self.rescores_all = isinstance(index, faiss.IndexIVF)
-        # the rows rescored are read with pread (index_builder/row_file.py), not through the map: a mapped row
+        # the rows rescored are read with pread (index_builder/snapshot/row_file.py), not through the map: a mapped row
         # maps its whole page-cache folio, and after a few thousand queries the whole file (1.5 GB at 1M, 1.5 KB
         # a passage of RSS); read, they cost ~0.2 ms more a query at 1M and no RSS
         self.rows: np.ndarray | RowFile = vectors

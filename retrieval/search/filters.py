@@ -15,7 +15,7 @@ from threading import Lock
 
 import numpy as np
 
-from index_builder.corpus import check_metadata_key, check_metadata_value, check_tenant
+from index_builder.documents.corpus import check_metadata_key, check_metadata_value, check_tenant
 from index_builder.types import Document
 from retrieval.errors import InvalidRequest
 
@@ -35,7 +35,7 @@ class Filter:
     @classmethod
     def of(cls, tenant: str = "", metadata: Mapping[str, str] | None = None) -> Filter:
         """A validated filter: the tenant and every key and value obey the same rules as stored documents
-        (:mod:`index_builder.corpus`), so no request can make the filter-mask cache or the semantic cache hold an
+        (:mod:`index_builder.documents.corpus`), so no request can make the filter-mask cache or the semantic cache hold an
         unbounded key."""
         metadata = metadata or {}
         if len(metadata) > MAX_FILTER_TERMS:

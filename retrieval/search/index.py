@@ -12,11 +12,12 @@ from typing import Protocol
 
 import numpy as np
 
-from index_builder.analysis import Analyzer, AnalyzerConfig
-from index_builder.build import BuildConfig, chunk_passages, expected_settings
-from index_builder.chunking import chunk_passage
-from index_builder.models import Embedder
-from index_builder.snapshot import LoadedSnapshot, load_snapshot
+from index_builder.documents.analysis import Analyzer
+from index_builder.documents.chunking import chunk_passage, chunk_passages
+from index_builder.models.encoders import Embedder
+from index_builder.settings import AnalyzerConfig, BuildConfig
+from index_builder.snapshot.format import LoadedSnapshot, load_snapshot
+from index_builder.snapshot.manifest import expected_settings
 from rerank.late_interaction import LateInteractionReranker
 from retrieval.search.aggregate import doc_starts
 from retrieval.search.bm25 import BM25Retriever, BM25Stats

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from index_builder.models import CrossEncoder, Embedder
-from index_builder.token_encoders import EmbedderTokens, TokenEncoder
+from index_builder.models.encoders import CrossEncoder, Embedder
+from index_builder.models.token_encoders import EmbedderTokens, TokenEncoder
 from rerank.cross_encoder import pairs_for
 from retrieval.search.batching import MicroBatcher
 from retrieval.search.settings import BatchingConfig  # noqa: F401  (its section lives with the search settings)

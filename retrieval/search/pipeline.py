@@ -46,8 +46,8 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Tracer
 from threadpoolctl import threadpool_limits
 
-from index_builder.models import CrossEncoder, Embedder
-from index_builder.token_encoders import TokenEncoder, make_token_encoder
+from index_builder.models.encoders import CrossEncoder, Embedder
+from index_builder.models.token_encoders import TokenEncoder, make_token_encoder
 from index_builder.types import Hits
 from retrieval.errors import InvalidRequest
 from retrieval.observability.tracing import NO_TRACER

@@ -34,7 +34,7 @@ class DenseConfig:
     ef_search: int = 128
     oversample: float = 3.0
     exact_below: float = 0.05
-    # The index a build makes (index_builder/dense_index.py): "auto" (by corpus size), "hnsw" (float vectors in
+    # The index a build makes (index_builder/snapshot/dense_index.py): "auto" (by corpus size), "hnsw" (float vectors in
     # the graph), "hnsw_sq8" (8-bit codes), "ivf_pq" (48-byte codes); the compressed kinds re-score candidates
     # from the float vectors (memory-mapped): IVF-PQ its best ``rescore`` x the chunks wanted, HNSW-SQ8 the chunks
     # wanted out of a beam ``rescore`` x as wide (8-bit codes rank as floats do); ``nprobe`` lists for IVF-PQ.

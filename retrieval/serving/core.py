@@ -24,7 +24,7 @@ import numpy as np
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Span, SpanKind, Tracer
 
-from index_builder.corpus import MAX_ID_CHARS, check_tenant, lone_surrogate, without_surrogates
+from index_builder.documents.corpus import MAX_ID_CHARS, check_tenant, lone_surrogate, without_surrogates
 from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import (

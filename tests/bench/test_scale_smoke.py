@@ -164,9 +164,9 @@ def test_scale_quality_smoke(corpus_dir, tmp_path, int8_index_dir):  # ~7 s: two
 def test_vector_cache_reproduces_a_snapshot(int8_index_dir, sample_index_dir, embedder, config, tmp_path):
     """A build from the cache seeded with a snapshot's vectors makes no model call and the same dense vectors."""
     from bench.harness.vectors import CachedEmbedder, VectorCache, model_identity, seed_cache_from_snapshot
-    from index_builder.build import build_snapshot
-    from index_builder.corpus import read_corpus
-    from index_builder.snapshot import load_snapshot
+    from index_builder.build.builder import build_snapshot
+    from index_builder.documents.corpus import read_corpus
+    from index_builder.snapshot.format import load_snapshot
 
     cache = VectorCache(tmp_path / "vectors", model_identity(embedder))
     original = load_snapshot(int8_index_dir, checksums=False)

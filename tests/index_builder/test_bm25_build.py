@@ -1,4 +1,4 @@
-"""The streamed BM25 build (index_builder/bm25_build.py) scores as bm25s's own ``index`` does, whatever the batches
+"""The streamed BM25 build (index_builder/snapshot/bm25_files.py) scores as bm25s's own ``index`` does, whatever the batches
 and the score blocks; real passages of the sample corpus."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import bm25s
 import numpy as np
 import pytest
 
-from index_builder import bm25_build
-from index_builder.analysis import Analyzer
-from index_builder.bm25_build import BM25Builder
-from index_builder.corpus import read_corpus
+from index_builder.documents.analysis import Analyzer
+from index_builder.documents.corpus import read_corpus
+from index_builder.snapshot import bm25_files as bm25_build
+from index_builder.snapshot.bm25_files import BM25Builder
 from tests.helpers import SAMPLE
 
 

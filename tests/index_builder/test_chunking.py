@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from index_builder.chunking import ChunkConfig, Chunker
+from index_builder.documents.chunking import Chunker
+from index_builder.settings import ChunkConfig
 from index_builder.types import Document
 from retrieval.search.aggregate import doc_starts, top_docs_from_chunk_scores
 

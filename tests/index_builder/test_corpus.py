@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from index_builder.corpus import read_corpus, resolve_corpus_path
+from index_builder.documents.corpus import read_corpus, resolve_corpus_path
 from index_builder.errors import CorpusError
 
 

@@ -9,10 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from index_builder.build import build_snapshot
-from index_builder.dense_index import choose
-from index_builder.row_file import RowFile
-from index_builder.snapshot import load_snapshot
+from index_builder.build.builder import build_snapshot
+from index_builder.snapshot.dense_index import choose
+from index_builder.snapshot.format import load_snapshot
+from index_builder.snapshot.row_file import RowFile
 from retrieval.search.index import SearchIndex
 
 
@@ -55,8 +55,8 @@ def test_training_from_a_map_a_block_at_a_time_trains_the_same_quantiser(kind, m
     corpus's, repeated past the sample size."""
     import faiss
 
-    from index_builder import dense_index
     from index_builder.settings import HNSWConfig
+    from index_builder.snapshot import dense_index
 
     base = np.asarray(sample_index.snapshot.vectors, dtype=np.float32)
     vectors = np.concatenate([base] * (400 // len(base) + 1))[:400]

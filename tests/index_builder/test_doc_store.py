@@ -1,4 +1,4 @@
-"""A snapshot's documents read where they lie (index_builder/doc_store.py): by index and in order they equal the
+"""A snapshot's documents read where they lie (index_builder/snapshot/documents_file.py): by index and in order they equal the
 documents built, the file is never mapped (its pages would count in a serving process's RSS), a snapshot without
 the offsets file is scanned once, and a truncated file is an error naming it."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index_builder import doc_store
-from index_builder.doc_store import DocumentFile
-from index_builder.snapshot import current_snapshot_dir
+from index_builder.snapshot import documents_file as doc_store
+from index_builder.snapshot.documents_file import DocumentFile
+from index_builder.snapshot.format import current_snapshot_dir
 
 
 def test_documents_by_index_and_in_order_equal_the_built_ones(sample_index_dir, sample_docs, monkeypatch):

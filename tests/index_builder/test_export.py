@@ -7,8 +7,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from index_builder.export import export_fp32  # noqa: E402
-from index_builder.models import Embedder, EmbedderConfig  # noqa: E402
+from index_builder.models.encoders import Embedder  # noqa: E402
+from index_builder.models.export import export_fp32  # noqa: E402
+from index_builder.settings import EmbedderConfig  # noqa: E402
 
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
              "Quantum chromodynamics describes the strong interaction between quarks and gluons " * 3,

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from index_builder.chunking import ChunkConfig, Chunker
+from index_builder.documents.chunking import Chunker
+from index_builder.documents.folder import FolderOptions, FolderReport, iter_folder, plan_sync, walk
+from index_builder.documents.readers import SECTION_BREAK, Unreadable, decode, read_file
 from index_builder.errors import CorpusError
-from index_builder.folder import FolderOptions, FolderReport, iter_folder, plan_sync, walk
-from index_builder.models import bundled_minilm
-from index_builder.readers import SECTION_BREAK, Unreadable, decode, read_file
+from index_builder.models.encoders import bundled_minilm
+from index_builder.settings import ChunkConfig
 from tests.helpers import SAMPLE
 
 
@@ -229,7 +230,7 @@ def test_links_out_of_the_folder_are_skipped_and_counted_and_links_inside_still_
 def test_a_file_that_leaves_the_folder_after_the_walk_is_not_read(tmp_path):
     """The walk checked docs/sub/notes.md; then sub is swapped for a link to another folder (or notes.md for a
     link): the reader process opens what the walk checked, or refuses."""
-    from index_builder.reader_pool import ReaderPool, read_checked, read_request
+    from index_builder.documents.reader_pool import ReaderPool, read_checked, read_request
 
     root, elsewhere = tmp_path / "docs", tmp_path / "elsewhere"
     (root / "sub").mkdir(parents=True)
@@ -247,7 +248,7 @@ def test_a_file_that_leaves_the_folder_after_the_walk_is_not_read(tmp_path):
     os.symlink(elsewhere / "notes.md", root / "other.md")
     with pytest.raises(Unreadable, match="became a symbolic link"):
         read_checked(str(walked["other.md"]), "other.md", root=str(root), max_bytes=2**20)
-    from index_builder.reader_pool import Job
+    from index_builder.documents.reader_pool import Job
 
     with ReaderPool(workers=1) as pool:  # the same through a reader process
         jobs = [Job(rel, request=read_request(path, rel, root=str(root), max_bytes=2**20)) for rel, path in walked.items()]

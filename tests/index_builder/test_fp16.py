@@ -9,8 +9,9 @@ import pytest
 
 from hybridrag.cli import main
 from index_builder.errors import ModelError
-from index_builder.export import fp16_model
-from index_builder.models import CrossEncoder, CrossEncoderConfig
+from index_builder.models.encoders import CrossEncoder
+from index_builder.models.export import fp16_model
+from index_builder.settings import CrossEncoderConfig
 from tests.helpers import CE_MODEL
 
 pytestmark = pytest.mark.skipif(not (CE_MODEL / "model.onnx").is_file(),

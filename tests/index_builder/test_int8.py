@@ -1,5 +1,5 @@
 """``[cross_encoder] precision``: the int8 copy made on first use where the CPU has VNNI/AMX, reused after, ranking
-real SciFact pairs as fp32 does; fp32 kept where asked or where int8 would be slower (index_builder/int8.py)."""
+real SciFact pairs as fp32 does; fp32 kept where asked or where int8 would be slower (index_builder/models/int8.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import logging
 import numpy as np
 import pytest
 
-import index_builder.int8 as int8
-from index_builder.int8 import cpu_int8_dot, int8_dot_extension, is_quantized, serving_onnx
-from index_builder.models import CrossEncoder, CrossEncoderConfig
-from index_builder.settings import CPU
+import index_builder.models.int8 as int8
+from index_builder.models.encoders import CrossEncoder
+from index_builder.models.int8 import cpu_int8_dot, int8_dot_extension, is_quantized, serving_onnx
+from index_builder.settings import CPU, CrossEncoderConfig
 from tests.helpers import CE_MODEL, SHARED_BEIR
 
 needs_model = pytest.mark.skipif(not (CE_MODEL / "model.onnx").is_file(),
@@ -42,7 +42,7 @@ def test_precision_is_checked():
 def test_auto_keeps_fp32_without_vnni_or_on_a_gpu_and_fp32_is_kept_when_asked(tmp_path, caplog):
     onnx = CE_MODEL / "model.onnx"
     sha = lambda: pytest.fail("no copy is looked up, so the model is not hashed")  # noqa: E731
-    with caplog.at_level(logging.INFO, logger="index_builder.int8"):
+    with caplog.at_level(logging.INFO, logger="index_builder.models.int8"):
         assert serving_onnx(onnx, sha, precision="auto", providers=[CPU], cache_dir=str(tmp_path),
                             cpu_ext="") == (onnx, "fp32")
     assert "fp32 kept, this CPU has no int8 dot-product instructions" in caplog.text
@@ -74,7 +74,7 @@ def scifact_pairs(n_queries: int = 12, per_query: int = 5) -> list[tuple[str, st
 @pytest.mark.skipif(not (SCIFACT / "corpus.jsonl.gz").is_file(), reason="../shared/data/beir/scifact is absent")
 def test_auto_makes_the_int8_copy_once_and_it_ranks_scifact_pairs_as_fp32(tmp_path, monkeypatch, caplog):
     config = CrossEncoderConfig(model=str(CE_MODEL), cache_dir=str(tmp_path))  # precision "auto", the default
-    with caplog.at_level(logging.INFO, logger="index_builder.int8"):
+    with caplog.at_level(logging.INFO, logger="index_builder.models.int8"):
         ce = CrossEncoder(config)
     made = list((tmp_path / "int8").iterdir())
     assert ce.precision == "int8" and made == [ce.onnx_path] and "made its int8 copy" in caplog.text

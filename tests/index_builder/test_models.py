@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from index_builder.errors import ModelError
-from index_builder.models import Embedder, EmbedderConfig, resolve_model
-from index_builder.onnx_runner import RuntimeConfig
+from index_builder.models.encoders import Embedder, resolve_model
+from index_builder.settings import EmbedderConfig, RuntimeConfig
 
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
              "Quantum chromodynamics describes the strong interaction between quarks and gluons " * 3]

@@ -7,8 +7,10 @@ import pytest
 
 from hybridrag.cli import main
 from index_builder.errors import ModelError
-from index_builder.export import cpu_int8_dot, quantize_model
-from index_builder.models import CrossEncoder, CrossEncoderConfig
+from index_builder.models.encoders import CrossEncoder
+from index_builder.models.export import quantize_model
+from index_builder.models.int8 import cpu_int8_dot
+from index_builder.settings import CrossEncoderConfig
 from tests.helpers import CE_MODEL
 
 pytestmark = pytest.mark.skipif(not (CE_MODEL / "model.onnx").is_file(),
@@ -37,7 +39,7 @@ def test_int8_copy_serves_and_ranks_like_fp32(tmp_path):
 def test_quantize_refuses_a_folder_without_a_model_and_a_cpu_without_int8_dot(tmp_path, monkeypatch):
     with pytest.raises(ModelError, match="no model.onnx to quantise"):
         quantize_model(tmp_path, tmp_path / "out")
-    import index_builder.export as export
+    import index_builder.models.export as export
 
     monkeypatch.setattr(export, "cpu_int8_dot", lambda: "")
     with pytest.raises(ModelError, match="no int8 dot-product instructions"):

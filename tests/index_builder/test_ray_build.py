@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index_builder.build import build_snapshot
-from index_builder.corpus import read_corpus
-from index_builder.snapshot import current_snapshot_dir
+from index_builder.build.builder import build_snapshot
+from index_builder.documents.corpus import read_corpus
+from index_builder.snapshot.format import current_snapshot_dir
 from tests.helpers import REPO, SHARED_BEIR
 
 pytest.importorskip("ray", reason="the ray extra (setup.sh --ray) is not installed")

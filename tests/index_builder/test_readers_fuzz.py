@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from index_builder.readers import Extracted, Unreadable, read_file
+from index_builder.documents.readers import Extracted, Unreadable, read_file
 
 SEED = 51
 MiB = 2**20

@@ -1,4 +1,4 @@
-"""The reader processes (index_builder.reader_pool): answers in order, a worker that dies mid-file skips only that
+"""The reader processes (index_builder.documents.reader_pool): answers in order, a worker that dies mid-file skips only that
 file, no process outlives the pool. Real worker processes reading real files."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from index_builder.reader_pool import Job, ReaderPool, read_request
+from index_builder.documents.reader_pool import Job, ReaderPool, read_request
 
 
 def test_answers_come_back_in_order_with_pre_answered_jobs_between(tmp_path):

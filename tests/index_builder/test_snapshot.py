@@ -4,9 +4,10 @@ import os
 import numpy as np
 import pytest
 
-from index_builder.build import build_snapshot
+from index_builder.build.builder import build_snapshot
 from index_builder.errors import SnapshotError
-from index_builder.snapshot import current_snapshot_dir, list_generations, load_snapshot, read_manifest
+from index_builder.snapshot.format import current_snapshot_dir, list_generations, load_snapshot
+from index_builder.snapshot.manifest import read_manifest
 from retrieval.config import load_config
 from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
@@ -106,7 +107,7 @@ def _mapped_kib(path) -> int:
 def test_released_pages_leave_the_process_but_keep_their_data(tmp_path):
     """What the build calls after each block: a mapped array's pages, read or written, stop counting in the
     process's RSS, and what was written is still there."""
-    from index_builder.row_file import release_pages
+    from index_builder.snapshot.row_file import release_pages
 
     path = tmp_path / "rows.npy"
     out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(1 << 20,))

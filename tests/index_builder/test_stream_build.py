@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index_builder.build import build_snapshot
-from index_builder.corpus import read_corpus
+from index_builder.build.builder import build_snapshot
+from index_builder.documents.corpus import read_corpus
 from index_builder.errors import SnapshotError
-from index_builder.snapshot import current_snapshot_dir, load_snapshot
+from index_builder.snapshot.format import current_snapshot_dir, load_snapshot
 from index_builder.types import Document
 from tests.helpers import REPO
 

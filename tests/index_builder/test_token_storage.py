@@ -12,11 +12,11 @@ import logging
 import numpy as np
 import pytest
 
-from index_builder.build import build_snapshot
-from index_builder.settings import TokenEncoderConfig
-from index_builder.snapshot import load_snapshot
+from index_builder.build.builder import build_snapshot
+from index_builder.settings import CodecSpec, TokenEncoderConfig
+from index_builder.snapshot.format import load_snapshot
+from index_builder.snapshot.token_codes import TokenCodec, TokenCodes
 from rerank.late_interaction import LateInteractionReranker
-from rerank.token_codes import CodecSpec, TokenCodec, TokenCodes
 from retrieval.search.index import SearchIndex
 
 
@@ -90,7 +90,7 @@ def test_an_int8_index_is_restored_compact_without_the_model_and_not_back(tmp_pa
     np.testing.assert_array_equal(snap.vectors, int8.vectors)  # the dense side copied as it was
     # a rebuild in the same storage reuses every chunk; one in int8 cannot decode the codes: it embeds again
     assert build_snapshot(sample_docs, root, _with_storage(config, "pool3+bins"), embedder).embedded == 0
-    with caplog.at_level(logging.WARNING, logger="index_builder.build"):
+    with caplog.at_level(logging.WARNING, logger="index_builder.build.builder"):
         back = build_snapshot(sample_docs, root, _with_storage(config, "int8"), embedder)
     assert back.embedded == back.chunks and "cannot be re-stored as int8" in caplog.text
 
@@ -109,7 +109,7 @@ def test_the_token_store_is_read_by_rows_never_mapped(sample_index_dir, config, 
     an error naming it."""
     from pathlib import Path
 
-    from index_builder.row_file import RowFile
+    from index_builder.snapshot.row_file import RowFile
 
     index = SearchIndex.load(sample_index_dir, config, embedder)
     query = embedder.encode(["which planet has the largest volcano"], with_tokens=True).token_vectors[0]
@@ -126,7 +126,7 @@ def test_the_token_store_is_read_by_rows_never_mapped(sample_index_dir, config, 
 
 
 def test_a_truncated_token_file_is_an_error_naming_it(tmp_path):
-    from index_builder.row_file import RowFile
+    from index_builder.snapshot.row_file import RowFile
 
     p = tmp_path / "token_vectors.npy"
     np.save(p, np.ones((10, 48), np.uint8))

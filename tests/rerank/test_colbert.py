@@ -14,9 +14,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from index_builder.build import rebuild_token_vectors
-from index_builder.models import bundled_minilm
-from index_builder.token_encoders import ColbertEncoder, TokenEncoderConfig, TokenStore, quantize_int8
+from index_builder.build.builder import rebuild_token_vectors
+from index_builder.models.encoders import bundled_minilm
+from index_builder.models.token_encoders import ColbertEncoder
+from index_builder.settings import TokenEncoderConfig
+from index_builder.snapshot.token_codes import quantize_int8
+from index_builder.snapshot.token_store import TokenStore
 from rerank.maxsim import maxsim_batch
 from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline

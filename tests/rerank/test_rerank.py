@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from index_builder.models import CrossEncoder, CrossEncoderConfig
+from index_builder.models.encoders import CrossEncoder
+from index_builder.settings import CrossEncoderConfig
 from rerank.maxsim import maxsim, maxsim_batch
 from retrieval.search.pipeline import Pipeline
 from tests.helpers import CE_MODEL
@@ -44,7 +45,7 @@ def test_li_weight_blends_maxsim_with_the_fused_order(sample_index, embedder, co
     the blend of MaxSim with the fused positions (the function the trainers select the weight with)."""
     import dataclasses
 
-    from index_builder.token_encoders import EmbedderTokens
+    from index_builder.models.token_encoders import EmbedderTokens
     from rerank.interpolation import blend_with_prior
 
     query = "which planet has the largest volcano"
@@ -111,7 +112,7 @@ def test_long_queries_take_their_own_weight_and_say_so(sample_index, embedder, c
     weight; at 0 the stage is not run, the response says why, and the result is not marked degraded."""
     import dataclasses
 
-    from index_builder.token_encoders import EmbedderTokens
+    from index_builder.models.token_encoders import EmbedderTokens
 
     short, long = "which planet has the largest volcano", ("the largest volcano on any planet in the solar system "
                                                           "rises far above the surrounding plains of Mars") * 3
@@ -142,7 +143,7 @@ def test_token_standardised_scores_serve_the_order_they_compute(sample_index, em
     averaged (rerank.late_interaction.head_scores), computed here from the stored token vectors by hand."""
     import dataclasses
 
-    from index_builder.token_encoders import EmbedderTokens
+    from index_builder.models.token_encoders import EmbedderTokens
 
     query = "why is the sky blue during the day but red at sunset"
     cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, li_weight=1.0, li_score="token_z"))

@@ -1,20 +1,16 @@
-"""Token-store codecs (rerank/token_codes.py) on the sample index's real token vectors and real query tokens:
+"""Token-store codecs (index_builder/snapshot/token_codes.py) on the sample index's real token vectors and real query tokens:
 round-trip error bounds, exactness where the code is lossless, MaxSim on the codes equal to MaxSim on the decoded
 vectors, today's int8 store reproduced bit for bit, saving and loading, pooling."""
 
 import numpy as np
 import pytest
 
-from index_builder.token_encoders import EmbedderTokens
+from index_builder.models.token_encoders import EmbedderTokens
+from index_builder.settings import QUANTS, CodecSpec
+from index_builder.snapshot.token_codes import TokenCodec, TokenCodes
+from index_builder.snapshot.token_pooling import pool_passage, pool_tokens
 from rerank.late_interaction import LateInteractionReranker
 from rerank.maxsim import token_maxsims
-from rerank.token_codes import (
-    QUANTS,
-    CodecSpec,
-    TokenCodec,
-    TokenCodes,
-)
-from rerank.token_pooling import pool_passage, pool_tokens
 
 SPECS = ["int8", "int4", "bin", "bins", "res1+k1", "res2+k1", "res1+k32", "res2+k32", "pca96+int8", "pca64+int4",
          "pca128+bin", "pca64+res2+k16", "pool2+int8", "colpool2+int8", "pool3+res2+k1", "pool2+pca96+res1+k16"]

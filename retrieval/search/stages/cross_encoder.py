@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from index_builder.models import Embedder
+from index_builder.models.encoders import Embedder
 from index_builder.types import Hits
 from rerank.cross_encoder import decisive_gap, rerank_by_scores
 from rerank.windows import best_window, char_span

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from index_builder.chunking import chunk_passage
-from index_builder.models import Embedder
+from index_builder.documents.chunking import chunk_passage
+from index_builder.models.encoders import Embedder
 from rerank.highlights import MAX_CHARS, Highlight, highlight_sentences
 from retrieval.search.results import SearchResult
 from retrieval.search.settings import RerankConfig

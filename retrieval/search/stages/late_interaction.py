@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from index_builder.token_encoders import TokenEncoder, identity
+from index_builder.models.token_encoders import TokenEncoder, identity
 from index_builder.types import Hits
 from rerank.maxsim import maxsim
 from retrieval.search.results import reorder

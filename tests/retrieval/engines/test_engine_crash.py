@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from index_builder.snapshot import load_snapshot
+from index_builder.snapshot.format import load_snapshot
 from retrieval.api import retriever_pb2 as pb
 from retrieval.engines.qdrant import QdrantEngine
 from retrieval.engines.settings import EngineConfig

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from index_builder.errors import ConfigError, SnapshotError
-from index_builder.snapshot import load_snapshot
+from index_builder.snapshot.format import load_snapshot
 from retrieval.app import open_index, open_writes
 from retrieval.engines.qdrant import QdrantEngine, QdrantView, doc_number
 from retrieval.errors import DeadlineExceeded, InvalidRequest, PermissionDenied
@@ -108,7 +108,7 @@ def test_migration_refuses_an_existing_collection_and_another_model(config, embe
         with pytest.raises(ConfigError, match="already exists"):
             engine.migrate(snap)
         other = dataclasses.replace(cfg, analyzer=dataclasses.replace(cfg.analyzer, stemmer="none"))
-        from index_builder.build import expected_settings
+        from index_builder.snapshot.manifest import expected_settings
 
         with pytest.raises(SnapshotError, match="analyzer.stemmer: snapshot has 'porter', configuration has 'none'"):
             QdrantView.open(engine, expected_settings(other.build_config(), embedder))
@@ -125,8 +125,9 @@ def test_engine_writes_store_tokens_as_a_migrated_snapshot_does(config, embedder
     """A passage written through the engine holds the vectors a build of the snapshot's storage keeps (pooled,
     coded and decoded), not its raw token vectors, so written and migrated passages are scored alike; the
     collection's tokens are configured as ``[backend] token_*`` say, migration included."""
-    from index_builder.build import chunk_passages
-    from index_builder.token_encoders import EmbedderTokens, TokenStore
+    from index_builder.documents.chunking import chunk_passages
+    from index_builder.models.token_encoders import EmbedderTokens
+    from index_builder.snapshot.token_store import TokenStore
     from rerank.late_interaction import LateInteractionReranker
     from retrieval.engines.qdrant import point_id
     from retrieval.live.store import validate_batch

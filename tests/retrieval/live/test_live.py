@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from index_builder.build import build_snapshot
-from index_builder.token_encoders import EmbedderTokens
+from index_builder.build.builder import build_snapshot
+from index_builder.models.token_encoders import EmbedderTokens
 from index_builder.types import Document
 from retrieval.errors import InvalidRequest
 from retrieval.live.live_index import LiveIndex

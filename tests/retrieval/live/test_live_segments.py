@@ -15,8 +15,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from index_builder.build import build_snapshot, chunk_passages
-from index_builder.token_encoders import EmbedderTokens
+from index_builder.build.builder import build_snapshot
+from index_builder.documents.chunking import chunk_passages
+from index_builder.models.token_encoders import EmbedderTokens
 from index_builder.types import Document
 from retrieval.errors import DeadlineExceeded, InvalidRequest, Overloaded
 from retrieval.live.live_index import LiveIndex

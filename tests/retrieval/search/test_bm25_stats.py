@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from index_builder.build import chunk_passages
+from index_builder.documents.chunking import chunk_passages
 from retrieval.search.bm25 import score_with_stats
 
 

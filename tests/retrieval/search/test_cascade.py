@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from index_builder.models import CrossEncoder, CrossEncoderConfig
+from index_builder.models.encoders import CrossEncoder
+from index_builder.settings import CrossEncoderConfig
 from retrieval.config import BatchingConfig
 from retrieval.errors import DeadlineExceeded, InvalidRequest
 from retrieval.search.batching import BatcherConfig

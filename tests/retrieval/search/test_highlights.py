@@ -122,7 +122,7 @@ def test_a_long_passage_costs_what_its_first_characters_cost(writable, config, e
     """Issue 51: highlights read the whole passage (tokenized, encoded again, split: 668 ms for three passages of
     400,000 characters, x38 a request's p50). Now only each passage's first MAX_CHARS characters: a better sentence
     past them is not found, and the stage's time stays small (a generous bound: this box is shared)."""
-    from index_builder import chunking
+    from index_builder.documents import chunking
     from index_builder.types import Document
     from rerank.highlights import MAX_CHARS
     from retrieval.search.filters import Filter

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from index_builder.token_encoders import EmbedderTokens
+from index_builder.models.token_encoders import EmbedderTokens
 from index_builder.types import Document
 from retrieval.live.live_index import LiveIndex
 from retrieval.live.store import DocumentStore

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from index_builder.models import CrossEncoder, CrossEncoderConfig
+from index_builder.models.encoders import CrossEncoder
+from index_builder.settings import CrossEncoderConfig
 from index_builder.types import Hits
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.request import SearchRequest

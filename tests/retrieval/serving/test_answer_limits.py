@@ -12,8 +12,8 @@ import grpc
 import httpx
 import pytest
 
-from index_builder import chunking
-from index_builder.build import build_snapshot
+from index_builder.build.builder import build_snapshot
+from index_builder.documents import chunking
 from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import InvalidRequest
@@ -30,7 +30,7 @@ def _text(i: int) -> str:
 
 
 def test_twenty_passages_of_900k_characters_fit_both_doors(tmp_path, monkeypatch, sample_docs, config, embedder):
-    # Since issue 51 a passage is bounded in characters too (index_builder.chunking.MAX_CHARS_PER_PIECE), so the
+    # Since issue 51 a passage is bounded in characters too (index_builder.documents.chunking.MAX_CHARS_PER_PIECE), so the
     # long passages come from an index chunked without that bound (an older snapshot): the doors must not rely on it.
     monkeypatch.setattr(chunking, "MAX_CHARS_PER_PIECE", 10**6)
     long_docs = [Document(id=f"space-{i}", title=f"Spaces {i}", tenant="sp", text=_text(i)) for i in range(20)]

@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 import pytest
 
-from index_builder.token_encoders import EmbedderTokens
+from index_builder.models.token_encoders import EmbedderTokens
 from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
 from retrieval.config import ServerConfig

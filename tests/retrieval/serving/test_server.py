@@ -245,7 +245,8 @@ def test_a_cancelled_call_stops_its_work(sample_index, embedder, config, solo):
     pairs not yet started are never scored."""
     import dataclasses
 
-    from index_builder.models import CrossEncoder, CrossEncoderConfig
+    from index_builder.models.encoders import CrossEncoder
+    from index_builder.settings import CrossEncoderConfig
     from retrieval.search.batching import BatcherConfig
     from retrieval.search.pipeline import Pipeline
 
@@ -334,7 +335,7 @@ def test_api_keys_from_file_and_environment(tmp_path):
 
 def _writable(tmp_path, config, embedder):
     """The writable sample copy (store seeded with the sample corpus, snapshot built from it) and a live index."""
-    from index_builder.token_encoders import EmbedderTokens
+    from index_builder.models.token_encoders import EmbedderTokens
     from retrieval.live.live_index import LiveIndex
     from retrieval.live.store import DocumentStore
     from retrieval.search.index import SearchIndex
@@ -398,7 +399,7 @@ def test_writes_over_grpc_are_durable_visible_and_checked(backend, writable, con
 def test_rebuild_call_and_bm25_fallback_after_a_restart_without_hnsw(tmp_path, writable, config, embedder):
     """Rebuild over gRPC swaps in a new generation; then the HNSW file of the current snapshot is deleted and the
     index reloaded (a restart): BM25 answers alone, and the response and the status say so."""
-    from index_builder.snapshot import current_snapshot_dir
+    from index_builder.snapshot.format import current_snapshot_dir
     from retrieval.search.index import SearchIndex
     from retrieval.search.pipeline import Pipeline
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from hybridrag.cli import main
-from index_builder.build import build_snapshot
+from index_builder.build.builder import build_snapshot
 from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import InvalidRequest

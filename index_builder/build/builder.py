@@ -18,23 +18,15 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from index_builder import dense_index
-from index_builder.analysis import Analyzer
-from index_builder.batch_work import (  # noqa: F401  (Prepared, encode_passages re-exported)
-    BuildWorkers,
-    LocalWorkers,
-    Prepared,
-    Preparer,
-    checkpoint,
-    chunk_passages,
-    encode_passages,
-    identity_of,
-)
-from index_builder.bm25_build import SPILL_FOLDER, BM25Builder
-from index_builder.encodings import KEY, BuildWork, Source, Sources, chunk_keys, encoder_identity
+from index_builder.snapshot import dense_index
+from index_builder.documents.analysis import Analyzer
+from index_builder.build.workers import BuildWorkers, LocalWorkers, Prepared, Preparer, checkpoint, encode_passages, identity_of
+from index_builder.documents.chunking import chunk_passages
+from index_builder.snapshot.bm25_files import SPILL_FOLDER, BM25Builder
+from index_builder.build.encodings import KEY, BuildWork, Source, Sources, chunk_keys, encoder_identity
 from index_builder.errors import SnapshotError
-from index_builder.models import Embedder
-from index_builder.row_file import release_pages
+from index_builder.models.encoders import Embedder
+from index_builder.snapshot.row_file import release_pages
 from index_builder.settings import (  # noqa: F401  (BM25Config, HNSWConfig re-exported)
     STORAGES,
     AnalyzerConfig,
@@ -43,8 +35,10 @@ from index_builder.settings import (  # noqa: F401  (BM25Config, HNSWConfig re-e
     ChunkConfig,
     HNSWConfig,
 )
-from index_builder.snapshot import LoadedSnapshot, SnapshotParts, SnapshotWriter, load_snapshot, write_snapshot
-from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore, make_token_encoder
+from index_builder.snapshot.manifest import index_settings, token_settings, with_avgdl
+from index_builder.snapshot.format import LoadedSnapshot, SnapshotParts, SnapshotWriter, load_snapshot, write_snapshot
+from index_builder.models.token_encoders import EmbedderTokens, TokenEncoder, make_token_encoder
+from index_builder.snapshot.token_store import TokenStore
 from index_builder.types import Document
 
 log = logging.getLogger(__name__)
@@ -70,41 +64,6 @@ class BuildSummary:
         return (f"built {self.path}: {self.documents} documents, {self.chunks} chunks, "
                 f"{self.token_vectors} token vectors, {self.seconds:.1f} s, {self.bytes_on_disk / 2**20:.1f} MiB"
                 f"{counted}")
-
-
-def token_settings(encoder: TokenEncoder, storage: str) -> dict[str, Any]:
-    return {**encoder.describe(), "dtype": storage}
-
-
-def index_settings(config: BuildConfig, embedder: Embedder, token_encoder: TokenEncoder | None = None) -> dict[str, Any]:
-    """What a snapshot records about how it was built (and what loading checks against the configuration)."""
-    tokens = None
-    if config.token_vectors:
-        tokens = token_settings(token_encoder or EmbedderTokens(embedder), config.token_encoder.storage)
-    return {
-        "models": {"embedder": embedder.describe(), "token_encoder": tokens},
-        "analyzer": Analyzer(config.analyzer).settings(),
-        "bm25": {"library": "bm25s", "method": "lucene", **asdict(config.bm25)},
-        "hnsw": {"metric": "inner_product", **asdict(config.hnsw)},
-        "chunking": asdict(config.chunking),
-    }
-
-
-def _with_avgdl(settings: dict[str, Any], avgdl: float) -> dict[str, Any]:
-    """Record the mean analysed passage length: with the index's document frequencies it lets the live index
-    score passages outside the index on the same scale (retrieval.search.bm25.BM25Stats)."""
-    return {**settings, "bm25": {**settings["bm25"], "avgdl": avgdl}}
-
-
-def expected_settings(config: BuildConfig, embedder: Embedder) -> dict[str, Any]:
-    """Dotted manifest keys that must equal the configuration for a snapshot to be served with it."""
-    analyzer = Analyzer(config.analyzer).settings()
-    return {
-        "models.embedder.sha256": embedder.files.sha256,
-        "models.embedder.max_length": embedder.config.max_length,
-        "dim": embedder.dim,
-        **{f"analyzer.{k}": v for k, v in analyzer.items()},
-    }
 
 
 DOC_BATCH = 512  # documents read, chunked and analysed at a time
@@ -205,7 +164,7 @@ def build_snapshot(docs: Iterable[Document], root: Path, config: BuildConfig, em
     """Build and write a new snapshot generation under ``root``; ``CURRENT`` points at it when this returns.
 
     A stream: documents are read, chunked, analysed and written as they come; only the chunks no source holds are
-    embedded (:mod:`index_builder.encodings`: the snapshot ``CURRENT`` points at, the ``reuse`` sources such as
+    embedded (:mod:`index_builder.build.encodings`: the snapshot ``CURRENT`` points at, the ``reuse`` sources such as
     the live index's write buffer, and the segments a killed build left in ``root/.build-work``), a batch at a
     time, each batch written to disk before the next (a checkpoint: a killed build resumes there, and the resumed
     snapshot equals an uninterrupted one); the snapshot's arrays are then filled from those sources block by block.
@@ -217,7 +176,7 @@ def build_snapshot(docs: Iterable[Document], root: Path, config: BuildConfig, em
 
     ``cluster``: a Ray cluster's address (``local`` starts one, ``auto`` joins the one this machine runs): the
     batches are chunked and analysed in Ray tasks and encoded by an actor pool that writes the checkpoint segments
-    itself (:mod:`index_builder.ray_build`); the snapshot is assembled from them here, as from a local build's.
+    itself (:mod:`index_builder.build.ray_build`); the snapshot is assembled from them here, as from a local build's.
     """
     t0 = time.perf_counter()
     root = Path(root)
@@ -276,7 +235,7 @@ def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig
     if cluster is None:
         workers = LocalWorkers(preparer, embedder, token_encoder, storage, work)
     else:
-        from index_builder.ray_build import RayWorkers  # Ray is imported only by a build that asks for it
+        from index_builder.build.ray_build import RayWorkers  # Ray is imported only by a build that asks for it
 
         workers = RayWorkers(cluster, config, preparer, identity, work, embedder.dim)
     chunk_parts: list[np.ndarray] = []
@@ -451,7 +410,7 @@ def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_do
     avgdl = bm25.avgdl()
     writer.write_bm25(bm25, config.bm25.k1, config.bm25.b)
     mark("bm25")
-    settings = {**_with_avgdl(index_settings(config, embedder, token_encoder), avgdl), "dense": dense,
+    settings = {**with_avgdl(index_settings(config, embedder, token_encoder), avgdl), "dense": dense,
                 "chunk_keys": {"identity": identity.hex()}}
     path = writer.finish(counts=counts, dim=embedder.dim, settings=settings, covered_seq=covered_seq,
                          keep_last=config.keep_snapshots)

@@ -16,7 +16,7 @@ took 17 s with the former regex rules, and a 1 MB line hours):
 - PDF: pypdf (pure Python, no system libraries, reports encryption; its decompression and page-tree limits are
   caught as skips), text counted page by page against the document limit.
 What bounds the rest (a 64 MiB file read in linear time can still be slow) is the folder reader's per-file time and
-memory budget (:mod:`index_builder.reader_pool`). Encodings: UTF-8 (with or without BOM) and UTF-16/32 with a BOM
+memory budget (:mod:`index_builder.documents.reader_pool`). Encodings: UTF-8 (with or without BOM) and UTF-16/32 with a BOM
 are decoded directly; anything else is detected by ``charset-normalizer`` and refused, with the file named, when it
 cannot be recognised.
 """
@@ -61,7 +61,7 @@ def decode(data: bytes) -> tuple[str, str]:
     >>> decode(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
     Traceback (most recent call last):
     ...
-    index_builder.readers.Unreadable: binary content (NUL bytes): not a text file
+    index_builder.documents.readers.Unreadable: binary content (NUL bytes): not a text file
     """
     for bom, enc in _BOMS:
         if data.startswith(bom):

@@ -4,11 +4,11 @@ What runs where:
 
 - **The driver** (the ``hybridrag build`` process) reads the corpus as a stream, in order (the document order
   defines the snapshot, so a Ray build and a local build of one corpus make the same snapshot), writes the
-  documents, keeps the BM25 postings and looks each chunk key up in the sources (:mod:`index_builder.encodings`),
+  documents, keeps the BM25 postings and looks each chunk key up in the sources (:mod:`index_builder.build.encodings`),
   as a local build does; then it assembles the snapshot from the segments, block by block, and builds the dense
   index. It never holds the model output: it sees keys and segment names.
 - **Prepare tasks** (``@ray.remote`` functions) chunk, key and analyse each batch of 512 documents
-  (:class:`index_builder.build.Preparer`), a window of them ahead of the driver, their results taken in order.
+  (:class:`index_builder.build.builder.Preparer`), a window of them ahead of the driver, their results taken in order.
 - **Encoder actors** (``[build.ray] actors``, each with ``actor_cpus`` CPUs or ``actor_gpus`` GPUs) load the
   models once and encode the batches of new passages (``[build] embed_batch`` at a time: the same batches a local
   build makes), writing each as a checkpoint segment under the index root's ``.build-work`` folder, named by a
@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from index_builder.batch_work import Prepared, Preparer, encode_passages, identity_of, store_groups
-from index_builder.encodings import BuildWork, Source, load_segment, segment_name, write_segment
+from index_builder.build.workers import Prepared, Preparer, encode_passages, identity_of, store_groups
+from index_builder.build.encodings import BuildWork, Source, load_segment, segment_name, write_segment
 from index_builder.errors import SnapshotError
 from index_builder.settings import BuildConfig
 from index_builder.types import Document
@@ -151,7 +151,7 @@ class LocalCluster:
                 ports.append(str(s.getsockname()[1]))
         root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
-        proc = subprocess.Popen([sys.executable, "-c", "from index_builder.ray_build import _watchdog; _watchdog()",
+        proc = subprocess.Popen([sys.executable, "-c", "from index_builder.build.ray_build import _watchdog; _watchdog()",
                                  str(folder), *ports], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, cwd=root, env=env, start_new_session=True)
         cluster = cls(proc, folder, f"127.0.0.1:{ports[0]}")
@@ -250,8 +250,8 @@ class _Encoder:
     """One encoder actor: the models loaded once, each batch encoded and written as a segment."""
 
     def __init__(self, config: BuildConfig, threads: int) -> None:
-        from index_builder.models import Embedder
-        from index_builder.token_encoders import make_token_encoder
+        from index_builder.models.encoders import Embedder
+        from index_builder.models.token_encoders import make_token_encoder
 
         runtime = dataclasses.replace(config.embedder.runtime, intra_op_threads=threads)
         self.embedder = Embedder(dataclasses.replace(config.embedder, runtime=runtime))
@@ -286,7 +286,7 @@ def _prepare(preparer: Preparer, batch: list[Document]) -> Prepared:
 
 
 class RayWorkers:
-    """:class:`index_builder.build.BuildWorkers` on a Ray cluster (see the module docstring)."""
+    """:class:`index_builder.build.builder.BuildWorkers` on a Ray cluster (see the module docstring)."""
 
     def __init__(self, address: str, config: BuildConfig, preparer: Preparer, identity: bytes, work: BuildWork,
                  dim: int) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from index_builder.errors import ModelError
-from index_builder.int8 import cpu_int8_dot  # noqa: F401  (re-exported; quantize_model asks it)
+from index_builder.models.int8 import cpu_int8_dot  # noqa: F401  (re-exported; quantize_model asks it)
 
 MODEL_FILE = "model.onnx"
 REPORT_FILE = "export.json"
@@ -115,7 +115,7 @@ def export_fp32(out_dir: Path, source: Path | None = None, opset: int = 17) -> d
     torch, transformers = _import_torch()
     import onnxruntime as ort
 
-    from index_builder.models import sha256_file
+    from index_builder.models.encoders import sha256_file
 
     t0 = time.perf_counter()
     src = Path(source) if source is not None else _default_source()

@@ -1,13 +1,13 @@
 """Hierarchical token pooling at build (Clavie et al. 2024): each passage's token vectors clustered by Ward's method
 into ``t // factor`` clusters, each replaced by its renormalised mean. A build-time transform of the token store,
-before any codec quantises it (:mod:`rerank.token_codes`, ``poolN`` specs); positions are lost. Pure numpy, scipy
+before any codec quantises it (:mod:`index_builder.snapshot.token_codes`, ``poolN`` specs); positions are lost. Pure numpy, scipy
 for the linkage."""
 
 from __future__ import annotations
 
 import numpy as np
 
-POOL_METHODS = ("ward", "colbert")
+from index_builder.settings import POOL_METHODS  # noqa: F401  (the methods, named in the codec spec)
 
 
 def pool_passage(vectors: np.ndarray, factor: int, method: str = "ward") -> np.ndarray:

@@ -1,6 +1,6 @@
 """A build's work on one batch, and where it runs (:class:`BuildWorkers`), apart from the build itself so that
 a Ray task or actor can run it
-(:mod:`index_builder.ray_build`) as this process does (:mod:`index_builder.build`): chunk, key and analyse
+(:mod:`index_builder.build.ray_build`) as this process does (:mod:`index_builder.build.builder`): chunk, key and analyse
 documents (:class:`Preparer`), encode passages (:func:`encode_passages`), and the identity the keys are made under."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from index_builder.analysis import Analyzer
-from index_builder.chunking import Chunker, chunk_passage
-from index_builder.encodings import BuildWork, Source, chunk_keys, encoder_identity
+from index_builder.documents.analysis import Analyzer
+from index_builder.documents.chunking import Chunker, chunk_passage, chunk_passages
+from index_builder.build.encodings import BuildWork, Source, chunk_keys, encoder_identity
 from index_builder.errors import SnapshotError
-from index_builder.models import Embedder
+from index_builder.models.encoders import Embedder
 from index_builder.settings import AnalyzerConfig, ChunkConfig
-from index_builder.token_encoders import EmbedderTokens, TokenEncoder, TokenStore
+from index_builder.models.token_encoders import EmbedderTokens, TokenEncoder
+from index_builder.snapshot.token_store import TokenStore
 from index_builder.types import Document
 
 
@@ -29,11 +30,6 @@ def identity_of(embedder: Embedder, token_encoder: TokenEncoder | None) -> bytes
     re-stored from the same vectors, see :func:`_restore`)."""
     model = {k: v for k, v in embedder.describe().items() if k != "providers"}
     return encoder_identity(model, None if token_encoder is None else token_encoder.describe())
-
-
-def chunk_passages(docs: Sequence[Document], chunks: np.ndarray) -> list[str]:
-    """Each chunk's passage as it is embedded and scored (title + chunk text)."""
-    return [chunk_passage(docs[c["doc"]].title, docs[c["doc"]].text[c["start"]:c["end"]]) for c in chunks]
 
 
 @dataclass
@@ -112,7 +108,7 @@ def checkpoint(work: BuildWork, keys: np.ndarray, vectors: np.ndarray, store: To
 
 class BuildWorkers(Protocol):
     """Where a build's batches are prepared and encoded: this process (:class:`LocalWorkers`) or a Ray cluster
-    (:class:`index_builder.ray_build.RayWorkers`). Either writes each encoded batch as a checkpoint segment."""
+    (:class:`index_builder.build.ray_build.RayWorkers`). Either writes each encoded batch as a checkpoint segment."""
 
     def prepared(self, batches: Iterable[list[Document]]) -> Iterator[tuple[list[Document], Prepared]]:
         """Each batch with its :class:`Prepared`, in the order given."""

@@ -17,8 +17,8 @@ import math
 import faiss
 import numpy as np
 
-from index_builder.row_file import release_pages
 from index_builder.settings import HNSWConfig
+from index_builder.snapshot.row_file import release_pages
 
 KINDS = ("hnsw", "hnsw_sq8", "ivf_pq")
 FILES = {"hnsw": "hnsw.faiss", "hnsw_sq8": "hnsw_sq8.faiss", "ivf_pq": "ivf_pq.faiss"}

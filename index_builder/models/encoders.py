@@ -22,8 +22,8 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from index_builder.errors import ModelError
-from index_builder.int8 import serving_onnx
-from index_builder.onnx_runner import OnnxModel
+from index_builder.models.int8 import serving_onnx
+from index_builder.models.runner import OnnxModel
 from index_builder.settings import BUNDLED, CPU, CrossEncoderConfig, EmbedderConfig, RuntimeConfig  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class CrossEncoder:
             raise ModelError("no cross-encoder model configured (set [cross_encoder] model to a folder or HF id)")
         self.config = config
         self.files = files or resolve_model(config.model, hf_offline=config.hf_offline, cache_dir=config.cache_dir or None)
-        # precision "auto": an int8 copy on a CPU with VNNI/AMX, made once and cached (index_builder/int8.py)
+        # precision "auto": an int8 copy on a CPU with VNNI/AMX, made once and cached (index_builder/models/int8.py)
         available = set(ort.get_available_providers())
         providers = [p for p in config.runtime.providers if p in available and p != CPU] + [CPU]
         self.onnx_path, self.precision = serving_onnx(

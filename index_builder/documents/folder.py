@@ -1,6 +1,6 @@
 """A folder of files as documents: walk, filter, read, and describe each file; plan what a re-run changes.
 
-Each readable file (:mod:`index_builder.readers`) becomes one :class:`Document`:
+Each readable file (:mod:`index_builder.documents.readers`) becomes one :class:`Document`:
 - ``id``: its path relative to the folder, with ``/`` separators (``guide/install.md``);
 - ``title``: its first heading (a PDF's own title), else the file name without suffix;
 - ``text``: its sections joined by ``SECTION_BREAK``, so no chunk straddles two sections;
@@ -18,7 +18,7 @@ folder is skipped with its reason and counted in the summary (``links out``): a 
 ``docs/users.txt -> /etc/passwd``, and what is indexed is served to every caller the index serves.
 ``follow_links_outside`` (``--follow-links-outside``) reads such targets for an operator who wants it. Links inside
 the folder are followed, each folder once, so a link loop ends. The check is made again when the file is opened
-(:func:`index_builder.reader_pool.read_checked`), so a folder swapped for a link after the walk is not read either.
+(:func:`index_builder.documents.reader_pool.read_checked`), so a folder swapped for a link after the walk is not read either.
 A hard link is the file itself and is read (a hard link cannot cross file systems, and Linux's
 ``protected_hardlinks`` refuses one to a file its creator does not own).
 
@@ -31,7 +31,7 @@ Names: an id is valid UTF-8 by construction.
   reason: such a name displays as another one. Skip lines and errors print names with these characters escaped
   (:func:`printable`), so nothing in a name reaches a terminal raw.
 
-Every file is read in a reader process with a time and memory budget (:mod:`index_builder.reader_pool`): one
+Every file is read in a reader process with a time and memory budget (:mod:`index_builder.documents.reader_pool`): one
 pathological file is skipped with its reason and never stalls or ends the run.
 """
 
@@ -48,9 +48,8 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from index_builder.corpus import MAX_ID_CHARS, check_metadata_value, check_tenant
-from index_builder.errors import CorpusError
-from index_builder.reader_pool import (
+from index_builder.documents.corpus import MAX_ID_CHARS, check_metadata_value, check_tenant
+from index_builder.documents.reader_pool import (
     DEFAULT_MEMORY_MB,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WORKERS,
@@ -59,9 +58,10 @@ from index_builder.reader_pool import (
     inside,
     read_request,
 )
-from index_builder.reader_pool import content_hash as content_hash  # re-exported: the hash a re-run compares
-from index_builder.readers import MAX_TEXT_CHARS as MAX_TEXT_CHARS  # re-exported: the document store's limit
-from index_builder.readers import has_reader
+from index_builder.documents.reader_pool import content_hash as content_hash  # re-exported: the hash a re-run compares
+from index_builder.documents.readers import MAX_TEXT_CHARS as MAX_TEXT_CHARS  # re-exported: the document store's limit
+from index_builder.documents.readers import has_reader
+from index_builder.errors import CorpusError
 from index_builder.types import Document
 
 DEFAULT_MAX_FILE_MB = 64.0
@@ -372,7 +372,7 @@ def iter_folder(root: str | Path, options: FolderOptions | None = None, report: 
                 cache: dict[str, tuple[int, int, Document]] | None = None) -> Iterator[Document]:
     """The folder's documents in path order; skipped files are added to ``report`` (CorpusError when strict).
 
-    Files are read by reader processes (:class:`~index_builder.reader_pool.ReaderPool`, started at the first file
+    Files are read by reader processes (:class:`~index_builder.documents.reader_pool.ReaderPool`, started at the first file
     that needs reading, ended with the pass), each within ``options.read_timeout_s`` and ``read_memory_mb``.
     ``cache``: rel path -> (mtime ns, size, document) from a previous pass (``--watch``): a file whose modified
     time and size are unchanged is not read again; the pass refreshes the cache."""

@@ -12,9 +12,9 @@ Two sources:
   Missing keys take Stanford ColBERT's defaults ([unused0]/[unused1] markers, 32 query ids).
 
 Storage (``storage``): ``int8`` with one float32 scale per vector (``v ~= q * scale``, ``scale = max|v| / 127``),
-``float16``, or a compact codec of :mod:`rerank.token_codes` (``pool3+bins``: each passage's tokens pooled three to
-one, each pooled vector kept as its 384 signs and one float16 scale, 50 bytes against int8's 388; scored on the
-codes). The choice, with every option's bytes and quality: docs/results/token-codes.md.
+``float16``, or a compact codec of :mod:`index_builder.snapshot.token_codes` (``pool3+bins``: each passage's
+tokens pooled three to one, each pooled vector kept as its 384 signs and one float16 scale, 50 bytes against int8's
+388; scored on the codes). The choice, with every option's bytes and quality: docs/results/token-codes.md.
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from index_builder.errors import ModelError
-from index_builder.models import Embedder, ModelFiles, resolve_model
-from index_builder.onnx_runner import Batch, OnnxModel
-from index_builder.settings import STORAGES, RuntimeConfig, TokenEncoderConfig  # noqa: F401  (re-exported)
-from rerank.token_codes import quantize_int8  # noqa: F401  (the int8 store's quantiser; re-exported)
+from index_builder.models.encoders import Embedder, ModelFiles, resolve_model
+from index_builder.models.runner import Batch, OnnxModel
+from index_builder.settings import RuntimeConfig, TokenEncoderConfig  # noqa: F401  (re-exported)
 
 
 class TokenEncoder(Protocol):
@@ -212,53 +211,3 @@ class ColbertEncoder:
 
 def make_token_encoder(config: TokenEncoderConfig, embedder: Embedder) -> TokenEncoder:
     return EmbedderTokens(embedder) if not config.model else ColbertEncoder(config)
-
-
-@dataclass
-class TokenStore:
-    """Token vectors back to back: ``vectors`` [T, d] (float16, or int8 with ``scales`` [T]; for a codec
-    ``storage``, its codes [T, B] and scales), ``offsets`` [passages + 1] (passage i owns rows
-    ``offsets[i]:offsets[i+1]``; with a pooling codec T counts pooled vectors, and ``groups`` [tokens before
-    pooling] with ``group_offsets`` [passages + 1] give each original token's pooled row)."""
-
-    vectors: np.ndarray
-    offsets: np.ndarray
-    scales: np.ndarray | None = None
-    storage: str = "int8"
-    groups: np.ndarray | None = None
-    group_offsets: np.ndarray | None = None
-
-    @classmethod
-    def from_lists(cls, per_passage: Sequence[np.ndarray], dim: int, storage: str) -> TokenStore:
-        """Passages' token vectors (float [t_i, dim] each) stored in ``storage``."""
-        lengths = np.array([len(v) for v in per_passage], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        flat = (np.concatenate([np.asarray(v, dtype=np.float32) for v in per_passage]) if len(per_passage)
-                else np.zeros((0, dim), np.float32)).reshape(-1, dim)
-        if storage == "int8":
-            q, scales = quantize_int8(flat)
-            return cls(q, offsets, scales, storage)
-        if storage == "float16":
-            return cls(flat.astype(np.float16), offsets, None, storage)
-        from rerank.token_codes import CodecSpec, TokenCodec, check_storage
-
-        storage = check_storage(storage)
-        codes = TokenCodec(CodecSpec.parse(storage), dim).encode_passages(flat, offsets)
-        return cls(codes.codes, codes.offsets, codes.scales, storage, codes.groups, codes.group_offsets)
-
-    def floats(self, passage: int) -> np.ndarray:
-        """One passage's token vectors as float32 [t, d]: what a store of another storage is made from
-        (:meth:`from_lists`). Only the plain storages keep them; a codec's codes cannot be re-coded."""
-        if self.storage not in STORAGES:
-            raise ValueError(f"a {self.storage} token store cannot be re-stored in another form: rebuild it from "
-                             f"the model (its vectors are pooled or quantised past recovery)")
-        lo, hi = int(self.offsets[passage]), int(self.offsets[passage + 1])
-        out = np.asarray(self.vectors[lo:hi], dtype=np.float32)
-        if self.scales is not None:
-            out = out * np.asarray(self.scales[lo:hi], dtype=np.float32)[:, None]
-        return out
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.vectors.nbytes + self.offsets.nbytes + sum(
-            a.nbytes for a in (self.scales, self.groups, self.group_offsets) if a is not None))

@@ -2,7 +2,7 @@
 ``documents.offsets.npy``: the byte offset of every line), so a serving process holds a document's text only while
 it is being read: the texts of a million passages stay on disk (and in the page cache, as hot as they are), not in
 the process's heap, nor in its RSS (a memory map's touched pages would count there, and the load reads every
-document once: index_builder/row_file.py says why).
+document once: index_builder/snapshot/row_file.py says why).
 
 ``documents[i]`` parses line ``i`` (a small cache keeps the most recent ones: a result's passages are read a few
 times in a row); iteration parses in order without caching. Snapshots written before the offsets file existed

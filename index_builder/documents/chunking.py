@@ -3,7 +3,7 @@
 Windows are counted in the embedder's word pieces (so a chunk fits the model) and snapped to whole words. A
 document no longer than one window is a single chunk holding its whole text.
 
-A document read from a file (:mod:`index_builder.folder`) holds sections separated by a form feed
+A document read from a file (:mod:`index_builder.documents.folder`) holds sections separated by a form feed
 (``SECTION_BREAK``). Its chunks never straddle two sections: each section is chunked alone, by whole paragraphs
 (blank-line separated) packed up to the window, and only a paragraph longer than a window is cut into overlapping
 windows as above. Text without a form feed (every JSONL corpus) is chunked exactly as before.
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from index_builder.readers import SECTION_BREAK
+from index_builder.documents.readers import SECTION_BREAK
 from index_builder.settings import ChunkConfig  # noqa: F401  (re-exported)
 from index_builder.types import Document
 
@@ -172,3 +172,8 @@ class Chunker:
             for s, e in spans:
                 rows.append((first_doc_index + i, s, e))
         return np.array(rows, dtype=CHUNK_DTYPE)
+
+
+def chunk_passages(docs: Sequence[Document], chunks: np.ndarray) -> list[str]:
+    """Each chunk's passage as it is embedded and scored (title + chunk text)."""
+    return [chunk_passage(docs[c["doc"]].title, docs[c["doc"]].text[c["start"]:c["end"]]) for c in chunks]

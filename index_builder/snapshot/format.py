@@ -13,13 +13,13 @@ Layout of an index root::
                                       or hnsw_sq8.faiss / ivf_pq.faiss ([dense] index, manifest "dense")
         token_vectors.npy             late interaction, optional, in manifest models.token_encoder.dtype: float16
                                       [tokens, tdim] unit length; int8 [tokens, tdim]; or a codec's codes
-                                      (rerank/token_codes.py, e.g. pool3+bins: uint8 [pooled vectors, tdim/8])
+                                      (index_builder/snapshot/token_codes.py, e.g. pool3+bins: uint8 [pooled vectors, tdim/8])
         token_offsets.npy             int64 [chunks + 1]: chunk i owns rows offsets[i]:offsets[i+1]
         token_scales.npy              per-vector scales: float32 [tokens] for int8, float16 for a codec that has them
         token_groups.npy              a pooled store: uint8 [tokens before pooling], each token's pooled row in its chunk
         token_group_offsets.npy       int64 [chunks + 1]: chunk i's tokens before pooling are groups[o[i]:o[i+1]]
         chunk_keys.npy                S16 [chunks]: what each chunk's vectors encode (model identity + passage), so
-                                      a later build reuses them instead of embedding again (index_builder/encodings.py)
+                                      a later build reuses them instead of embedding again (index_builder/build/encodings.py)
         manifest.json                 written last: format version, counts, models, settings, sha256 of every file
 
 A folder is built under a temporary name and renamed into place once complete, so ``CURRENT`` can only ever
@@ -43,18 +43,17 @@ import bm25s
 import faiss
 import numpy as np
 
-from index_builder.bm25_build import BM25Builder
-from index_builder.chunking import CHUNK_DTYPE
-from index_builder.doc_store import DocumentFile
+from index_builder.documents.chunking import CHUNK_DTYPE
 from index_builder.errors import SnapshotError
-from index_builder.models import sha256_file
-from index_builder.row_file import RowFile
+from index_builder.models.encoders import sha256_file
+from index_builder.snapshot.bm25_files import BM25Builder
+from index_builder.snapshot.documents_file import DocumentFile
+from index_builder.snapshot.manifest import FORMAT, FORMAT_VERSION, check_settings, read_manifest, verify_files
+from index_builder.snapshot.row_file import RowFile
 from index_builder.types import Document
 
 log = logging.getLogger(__name__)
 
-FORMAT = "hybridrag-snapshot"
-FORMAT_VERSION = 1
 CURRENT = "CURRENT"
 SNAPSHOTS = "snapshots"
 # Files whose loss disables dense search but still lets BM25 serve.
@@ -120,11 +119,11 @@ class SnapshotParts:
     settings: dict[str, Any]  # models, analyzer, bm25, hnsw, chunking: recorded verbatim in the manifest
     covered_seq: int = 0  # the document store's sequence number this snapshot includes (live index)
     token_scales: np.ndarray | None = None  # float32 [tokens] when token_vectors is int8
-    chunk_keys: np.ndarray | None = None  # S16 [chunks]: what each chunk's encodings encode (index_builder.encodings)
+    chunk_keys: np.ndarray | None = None  # S16 [chunks]: what each chunk's encodings encode (index_builder.build.encodings)
 
 
 def read_documents(path: Path) -> DocumentFile:
-    """The documents of ``documents.jsonl``, read where they lie (:class:`~index_builder.doc_store.DocumentFile`)."""
+    """The documents of ``documents.jsonl``, read where they lie (:class:`DocumentFile`)."""
     offsets = path.with_name("documents.offsets.npy")
     return DocumentFile(path, np.load(offsets) if offsets.is_file() else None)
 
@@ -347,7 +346,7 @@ class LoadedSnapshot:
     bm25: bm25s.BM25
     vectors: np.ndarray | None  # None, like hnsw, when the dense side could not be loaded
     hnsw: faiss.Index | None  # None when the dense index could not be loaded (BM25 serves alone)
-    token_vectors: Any  # a RowFile (index_builder/row_file.py): rows read with pread, never mapped
+    token_vectors: Any  # a RowFile (index_builder/snapshot/row_file.py): rows read with pread, never mapped
     token_offsets: np.ndarray | None
     dense_error: str | None = None
     token_scales: Any = None  # a RowFile too
@@ -358,55 +357,6 @@ class LoadedSnapshot:
     @property
     def generation(self) -> int:
         return int(self.manifest["generation"])
-
-
-def read_manifest(snapshot: Path) -> dict[str, Any]:
-    try:
-        with open(Path(snapshot) / "manifest.json", encoding="utf-8") as f:
-            manifest = json.load(f)
-    except FileNotFoundError:
-        raise SnapshotError(f"{snapshot} has no manifest.json: not a snapshot, or an incomplete one") from None
-    except json.JSONDecodeError as e:
-        raise SnapshotError(f"{snapshot}/manifest.json is not valid JSON: {e}") from None
-    if manifest.get("format") != FORMAT:
-        raise SnapshotError(f"{snapshot} is not a {FORMAT} folder (format={manifest.get('format')!r})")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise SnapshotError(
-            f"{snapshot} has format version {manifest.get('format_version')}, this build reads version "
-            f"{FORMAT_VERSION}: rebuild the index with 'hybridrag build'"
-        )
-    return manifest
-
-
-def verify_files(snapshot: Path, manifest: dict[str, Any], *, checksums: bool = True) -> dict[str, str]:
-    """Problems with the snapshot's files, by file name: missing, wrong size, wrong sha256 (empty when sound)."""
-    problems = {}
-    for name, meta in manifest["files"].items():
-        p = Path(snapshot) / name
-        if not p.is_file():
-            problems[name] = "missing"
-        elif p.stat().st_size != meta["bytes"]:
-            problems[name] = f"{p.stat().st_size} bytes, manifest says {meta['bytes']}"
-        elif checksums and sha256_file(p) != meta["sha256"]:
-            problems[name] = "sha256 differs from the manifest (file changed or corrupt)"
-    return problems
-
-
-def check_settings(manifest: dict[str, Any], expected: dict[str, Any]) -> None:
-    """Refuse a snapshot whose recorded settings differ from the configured ones, naming each difference.
-
-    ``expected`` maps a dotted manifest key (``models.embedder.sha256``) to the configured value.
-    """
-    diffs = []
-    for key, want in expected.items():
-        have: Any = manifest
-        for part in key.split("."):
-            have = have.get(part) if isinstance(have, dict) else None
-        if have != want:
-            diffs.append(f"{key}: snapshot has {have!r}, configuration has {want!r}")
-    if diffs:
-        raise SnapshotError("snapshot does not match the configuration (rebuild it, or configure what it was "
-                            "built with): " + "; ".join(diffs))
 
 
 def load_snapshot(root: Path, *, expected: dict[str, Any] | None = None, checksums: bool = True,
@@ -436,7 +386,7 @@ def load_snapshot(root: Path, *, expected: dict[str, Any] | None = None, checksu
     elif not dense_index:
         dense_error = "not loaded (dense_index=False)"
     else:
-        name = manifest.get("dense", {}).get("file", "hnsw.faiss")  # the kind built (index_builder/dense_index.py)
+        name = manifest.get("dense", {}).get("file", "hnsw.faiss")  # the kind built (index_builder/snapshot/dense_index.py)
         try:
             hnsw = faiss.read_index(str(path / name))
         except Exception as e:  # corrupt beyond what a checksum catches (checksums off)
@@ -444,7 +394,7 @@ def load_snapshot(root: Path, *, expected: dict[str, Any] | None = None, checksu
             log.error("cannot read %s/%s (%s): BM25 will serve alone", path, name, e)
     token_vectors = token_offsets = token_scales = None
     if (path / "token_vectors.npy").is_file():
-        # read by rows with pread, only the head's (index_builder/row_file.py: a mapped store's pages would count
+        # read by rows with pread, only the head's (index_builder/snapshot/row_file.py: a mapped store's pages would count
         # in the RSS and follow the corpus)
         token_vectors = RowFile(path / "token_vectors.npy")
         token_offsets = np.load(path / "token_offsets.npy")

@@ -4,7 +4,7 @@ Today every stored token is its full vector: 384 int8 dims plus a float32 scale 
 :class:`TokenCodec` turns a passage's token vectors into fewer bytes in three optional steps, each fitted at build
 on a sample of the corpus's own token vectors and stored with the index (:meth:`TokenCodec.to_arrays`):
 
-1. **pooling** (``poolN``, :mod:`rerank.token_pooling`): the passage's tokens clustered by Ward's method over the
+1. **pooling** (``poolN``, :mod:`index_builder.snapshot.token_pooling`): the passage's tokens clustered by Ward's method over the
    unit vectors into ``t // N`` clusters, each replaced by its renormalised mean (Clavie et al. 2024; at build
    only, so positions are lost: a pooled store gives no token similarities for windows);
 2. **projection** (``pcaM``): onto the top ``M`` principal components of the sample (mean removed); queries are
@@ -44,77 +44,13 @@ from typing import Any
 
 import numpy as np
 
-from rerank.token_pooling import POOL_METHODS, pool_tokens, pool_tokens_grouped
+from index_builder.settings import STORAGES, CodecSpec, check_storage
+from index_builder.snapshot.token_pooling import pool_tokens, pool_tokens_grouped
 
-QUANTS = ("int8", "int4", "bin", "bins", "res1", "res2")
-DEFAULT_CENTROIDS = 1024
 _STEP_GRID = np.linspace(0.2, 2.4, 23)  # candidate residual steps, in units of the dim's standard deviation
 
 
 # ------------------------------------------------------------------------------------------------ the spec
-
-
-@dataclass(frozen=True)
-class CodecSpec:
-    """What a codec does: ``quant`` (one of :data:`QUANTS`), ``pca`` (coded dims, 0 = no projection), ``pool``
-    (pool factor at build, 1 = none; ``pool_method`` ``ward`` over the unit vectors, or ``colbert``: Stanford
-    ColBERT's call, Ward over the rows of the cosine-distance matrix), ``centroids`` (``res*`` only).
-
-    >>> s = CodecSpec.parse("res2+pool2+pca128")
-    >>> str(s), s.centroids
-    ('pool2+pca128+res2+k1024', 1024)
-    >>> str(CodecSpec.parse("int8")), str(CodecSpec.parse("colpool3+bins"))
-    ('int8', 'colpool3+bins')
-    """
-
-    quant: str = "int8"
-    pca: int = 0
-    pool: int = 1
-    pool_method: str = "ward"
-    centroids: int = 0
-
-    def __post_init__(self) -> None:
-        if self.quant not in QUANTS:
-            raise ValueError(f"unknown quantiser {self.quant!r} (known: {', '.join(QUANTS)})")
-        if self.pca < 0 or self.pool < 1 or self.centroids < 0:
-            raise ValueError(f"bad codec spec {self!r}")
-        if self.pool_method not in POOL_METHODS:
-            raise ValueError(f"unknown pool method {self.pool_method!r} (known: {', '.join(POOL_METHODS)})")
-        if self.quant.startswith("res") and not self.centroids:
-            object.__setattr__(self, "centroids", DEFAULT_CENTROIDS)
-        if not self.quant.startswith("res") and self.centroids:
-            raise ValueError(f"centroids apply to res1/res2 only, not {self.quant}")
-
-    @classmethod
-    def parse(cls, text: str | CodecSpec) -> CodecSpec:
-        if isinstance(text, CodecSpec):
-            return text
-        kw: dict[str, Any] = {}
-        for part in (p.strip() for p in str(text).split("+") if p.strip()):
-            if part in QUANTS:
-                kw["quant"] = part
-            elif part.startswith("pca") and part[3:].isdigit():
-                kw["pca"] = int(part[3:])
-            elif part.startswith("colpool") and part[7:].isdigit():
-                kw["pool"], kw["pool_method"] = int(part[7:]), "colbert"
-            elif part.startswith("pool") and part[4:].isdigit():
-                kw["pool"] = int(part[4:])
-            elif part.startswith("k") and part[1:].isdigit():
-                kw["centroids"] = int(part[1:])
-            else:
-                raise ValueError(f"unknown codec step {part!r} in {text!r}")
-        return cls(**kw)
-
-    def __str__(self) -> str:
-        parts = []
-        if self.pool > 1:
-            parts.append(f"{'colpool' if self.pool_method == 'colbert' else 'pool'}{self.pool}")
-        if self.pca:
-            parts.append(f"pca{self.pca}")
-        parts.append(self.quant)
-        if self.quant.startswith("res"):
-            parts.append(f"k{self.centroids}")
-        return "+".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------ the codes
@@ -264,7 +200,7 @@ def _unpack(p: np.ndarray, bits: int, m: int) -> np.ndarray:
 
 
 def quantize_int8(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-vector int8, the ``int8`` store's (index_builder.token_encoders uses this one): (int8 [n, m],
+    """Symmetric per-vector int8, the ``int8`` store's (index_builder.models.token_encoders uses this one): (int8 [n, m],
     float32 scale [n]), ``v ~= q * scale``, ``scale = max|v| / 127``.
 
     >>> q, s = quantize_int8(np.array([[0.5, -1.0], [0.0, 0.0]], dtype=np.float32))
@@ -589,33 +525,7 @@ def _fit_grid(resid: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
 
 # ------------------------------------------------------------------------------------------------ stored forms
 
-PLAIN_STORAGES = ("float16", "int8")  # stored vectors as they are (rerank.maxsim.token_maxsims scores them)
-
-
-def is_stateless(spec: CodecSpec) -> bool:
-    """A codec with nothing to fit (no projection, no centroids): pooling and the per-vector quantisers. Only
-    these are index storages: a build codes each batch as it is embedded, with no pass over the corpus first."""
-    return spec.pca == 0 and not spec.quant.startswith("res")
-
-
-def check_storage(storage: str) -> str:
-    """``storage`` as an index stores it (``[late_interaction] storage``): ``float16``, ``int8`` or a stateless codec
-    spec (``pool3+bins``), normalised; ValueError naming the problem otherwise.
-
-    >>> check_storage("bins+pool3"), check_storage("int8")
-    ('pool3+bins', 'int8')
-    """
-    if storage in PLAIN_STORAGES:
-        return storage
-    try:
-        spec = CodecSpec.parse(storage)
-    except ValueError as e:
-        raise ValueError(f"late_interaction.storage {storage!r}: {e} (float16, int8, or a codec such as "
-                         f"pool3+bins: rerank/token_codes.py)") from None
-    if not is_stateless(spec):
-        raise ValueError(f"late_interaction.storage {storage!r} needs a codec fitted on the corpus (pca, res*): "
-                         f"not an index storage; use float16, int8, int4, bin or bins, optionally poolN")
-    return str(spec)
+PLAIN_STORAGES = STORAGES  # stored vectors as they are (rerank.maxsim.token_maxsims scores them)
 
 
 @functools.lru_cache(maxsize=64)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from index_builder.snapshot import fsync_dir
+from index_builder.snapshot.format import fsync_dir
 
 KEY = np.dtype("S16")
 

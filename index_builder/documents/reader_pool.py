@@ -1,6 +1,6 @@
 """Reader processes: each file of a folder is read in a worker process with a time and a memory budget.
 
-A folder holds files nobody checked; the readers are linear-time (:mod:`index_builder.readers`), but a 64 MiB file
+A folder holds files nobody checked; the readers are linear-time (:mod:`index_builder.documents.readers`), but a 64 MiB file
 read in linear time can still take minutes, and a PDF can inflate a small file into gigabytes. One such file must
 never stall or kill a build, a sync or a ``--watch`` round, so every file is read by a worker:
 - a plain ``python -I -c`` child (a spawn, not a fork: the parent's model, index and threads are not copied),
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from index_builder.readers import MAX_TEXT_CHARS, READER_VERSION, SECTION_BREAK, Unreadable, read_file
+from index_builder.documents.readers import MAX_TEXT_CHARS, READER_VERSION, SECTION_BREAK, Unreadable, read_file
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MEMORY_MB = 2048
@@ -211,7 +211,7 @@ class ReaderPool:
     def _spawn(self) -> _Worker:
         package_parent = str(Path(__file__).resolve().parent.parent)
         code = (f"import sys; sys.path.insert(0, {package_parent!r}); "
-                "from index_builder.reader_pool import worker_main; worker_main()")
+                "from index_builder.documents.reader_pool import worker_main; worker_main()")
         cpu_s = int(self.timeout_s * 2 + 10)  # CPU seconds a file may take if the parent is gone (SIGXCPU)
         proc = subprocess.Popen([sys.executable, "-I", "-c", code, str(self.memory_mb), str(cpu_s)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
