@@ -87,7 +87,7 @@ def connect(address: str) -> bool:
         return False
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
     # the workers import this package as the driver does
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the repository root, above index_builder/
     kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}}
     ray.init(address=address if cluster is None else cluster.address, **kwargs)
@@ -149,7 +149,7 @@ class LocalCluster:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 ports.append(str(s.getsockname()[1]))
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])  # the repository root, above index_builder/
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
         proc = subprocess.Popen([sys.executable, "-c", "from index_builder.build.ray_build import _watchdog; _watchdog()",
                                  str(folder), *ports], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

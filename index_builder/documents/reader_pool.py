@@ -209,7 +209,7 @@ class ReaderPool:
     # ------------------------------------------------------------------ processes
 
     def _spawn(self) -> _Worker:
-        package_parent = str(Path(__file__).resolve().parent.parent)
+        package_parent = str(Path(__file__).resolve().parents[2])  # the folder holding index_builder/
         code = (f"import sys; sys.path.insert(0, {package_parent!r}); "
                 "from index_builder.documents.reader_pool import worker_main; worker_main()")
         cpu_s = int(self.timeout_s * 2 + 10)  # CPU seconds a file may take if the parent is gone (SIGXCPU)
