@@ -145,7 +145,7 @@ def _migrate(index_dir: Path, config, *, replace: bool, ray: str | None = None) 
     from index_builder.models.encoders import Embedder
     from index_builder.snapshot.format import load_snapshot
     from index_builder.snapshot.manifest import expected_settings
-    from retrieval.engines.qdrant import QdrantEngine
+    from retrieval.engines.qdrant.engine import QdrantEngine
 
     if config.backend.location == ":memory:":
         print("hybridrag: [backend] location ':memory:' lives only inside one process; give a folder or a URL "
@@ -154,7 +154,7 @@ def _migrate(index_dir: Path, config, *, replace: bool, ray: str | None = None) 
     snap = load_snapshot(index_dir, expected=expected_settings(config.build_config(), Embedder(config.embedder)),
                          checksums=config.index.verify_checksums)
     if ray and config.backend.remote:  # upserts from Ray tasks in parallel, none through this process
-        from retrieval.engines.ray_upload import migrate_on_ray
+        from retrieval.engines.qdrant.ray_upload import migrate_on_ray
 
         info = migrate_on_ray(index_dir, config.backend, ray, replace=replace)
         print(f"{info['tasks']} Ray tasks wrote the collection in parallel", file=sys.stderr)
@@ -362,7 +362,7 @@ def cmd_front(args: argparse.Namespace) -> int:
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
-    from retrieval.engines.qdrant_host import HostLimits, serve_host
+    from retrieval.engines.qdrant.host import HostLimits, serve_host
 
     logging.getLogger().setLevel(logging.INFO)
     try:

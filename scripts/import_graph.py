@@ -47,10 +47,10 @@ ALLOWED: dict[str, set[str]] = {
     "retrieval.generation": BELOW_BUILD | {"retrieval.errors", "retrieval.search"},
     "retrieval.engines": BELOW_BUILD | {"rerank", "retrieval.errors", "retrieval.search", "retrieval.live"},
     # the development engine host is a small HTTP server: it takes the HTTP door's guard and slow-client timeouts
-    "retrieval.engines.qdrant_host": {"retrieval.engines", "retrieval.serving.http_guard",
+    "retrieval.engines.qdrant.host": {"retrieval.engines", "retrieval.serving.http_guard",
                                       "retrieval.serving.http_timeouts"},
     # a migration on Ray joins (or starts) a cluster the way a Ray build does
-    "retrieval.engines.ray_upload": BELOW_BUILD | {"retrieval.engines", "index_builder.build.ray_build"},
+    "retrieval.engines.qdrant.ray_upload": BELOW_BUILD | {"retrieval.engines", "index_builder.build.ray_build"},
     "retrieval.serving": BELOW_BUILD | {"rerank", "retrieval.errors", "retrieval.search", "retrieval.live",
                                         "retrieval.generation", "retrieval.observability", "retrieval.api"},
     "retrieval.integrations": {"retrieval.serving", "retrieval.api"},  # framework adapters over the client
