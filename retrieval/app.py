@@ -25,7 +25,9 @@ from index_builder.errors import ConfigError, HybridRagError
 from index_builder.models.encoders import CrossEncoder, Embedder
 from index_builder.snapshot.manifest import expected_settings
 from retrieval.config import AppConfig
-from retrieval.engines.qdrant.engine import EngineWriter, QdrantEngine, QdrantView
+from retrieval.engines.qdrant.engine import QdrantEngine
+from retrieval.engines.qdrant.view import QdrantView
+from retrieval.engines.qdrant.writer import EngineWriter
 from retrieval.generation.generator import GeneratorSetup, open_generator
 from retrieval.live.live_index import LiveIndex
 from retrieval.live.store import DocumentStore
