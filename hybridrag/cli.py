@@ -278,7 +278,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from retrieval.app import serve, serve_processes
+    from retrieval.app import serve
+    from retrieval.processes import serve_processes
     from retrieval.serving.grpc_service import load_api_keys
 
     overrides = _thread_overrides(args)
@@ -308,7 +309,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     index, store = Path(args.index) if args.index else None, Path(args.store) if args.store else None
-    if config.server.processes > 1:  # a supervisor over N processes on one port (retrieval/app.py)
+    if config.server.processes > 1:  # a supervisor over N processes on one port (retrieval/processes.py)
         return serve_processes(index, config, keys, store, log_json=args.log_json)
     asyncio.run(serve(index, config, keys, store))
     return 0

@@ -58,6 +58,8 @@ ALLOWED: dict[str, set[str]] = {
     "retrieval.config": SHARED | {"retrieval.search", "retrieval.live", "retrieval.generation", "retrieval.engines",
                                   "retrieval.serving", "retrieval.observability", "retrieval.errors"},
     "retrieval.app": INDEX | {"retrieval"},
+    # the supervisor of several server processes: each worker runs app.serve
+    "retrieval.processes": SHARED | {"retrieval.app", "retrieval.config", "retrieval.observability"},
     "retrieval.api": set(),
     "retrieval": INDEX | {"rerank", "retrieval"},  # retrieval/__init__.py re-exports lazily; the folder flow builds
     "training": INDEX | {"rerank", "retrieval"},
