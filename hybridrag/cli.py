@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridrag.folder_sync import add_folder_args, add_ownership_args, add_sync_parser
+from hybridrag.folder_sync import cmd_sync
+from index_builder.documents.folder import DEFAULT_MAX_FILE_MB
 from index_builder.errors import HybridRagError
 
 log = logging.getLogger("hybridrag")
@@ -34,6 +35,47 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="ONNX Runtime intra-op threads and faiss OpenMP threads (0 = library default)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def _add_folder_args(p: argparse.ArgumentParser) -> None:
+    """The folder's and the ownership flags of ``build --corpus DIR`` and ``sync DIR`` (:mod:`hybridrag.folder_sync`)."""
+    g = p.add_argument_group("a folder of files (--corpus DIR without corpus.jsonl)")
+    g.add_argument("--include", action="append", default=[], metavar="GLOB",
+                   help="read only files matching (relative path, or file name for a pattern without '/'); repeatable")
+    g.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="skip files matching; repeatable")
+    g.add_argument("--tenant", default="", help="every document's tenant")
+    g.add_argument("--tenant-from-folder", action="store_true", help="the first folder of a file's path is its tenant")
+    g.add_argument("--tenant-map", metavar="FILE", help="JSON or TOML: {glob: tenant}, the first match wins")
+    g.add_argument("--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB, help="skip larger files")
+    g.add_argument("--source", default="", help="the name recorded on every document (default: the folder's name); "
+                                                 "a sync deletes only documents it wrote")
+    g.add_argument("--strict", action="store_true", help="fail on the first file that cannot be read")
+    g.add_argument("--follow-links-outside", action="store_true", help="read symbolic links whose target is outside "
+                   "the folder (default: skipped with the reason; a link such as docs/users.txt -> /etc/passwd would "
+                   "put that file in the index, served to every caller the index serves)")
+    g = p.add_argument_group("who owns what (sync, build --store)")
+    g.add_argument("--state-dir", help="where each source's secret and folder are kept (default: "
+                                       "$XDG_STATE_HOME/hybridrag/sync or ~/.local/state/hybridrag/sync)")
+    g.add_argument("--adopt", action="store_true", help="take over this source's documents at this folder's ids "
+                   "(state lost or on another machine, or written before marks existed); deletes none")
+    g.add_argument("--id-prefix", default="", help="prepended to every id (two folders holding the same paths)")
+
+
+def _add_sync_parser(sub: Any) -> None:
+    p = sub.add_parser("sync", help="bring a running server (serve --store) in step with a folder of files: upserts "
+                                    "new and changed files, deletes removed ones it wrote (gRPC)")
+    p.add_argument("folder")
+    p.add_argument("--server", default="127.0.0.1:50051", help="the gRPC address of 'hybridrag serve --store'")
+    p.add_argument("--api-key-file", metavar="FILE", help="read the API key from FILE (default: $HYBRIDRAG_API_KEY)")
+    p.add_argument("--api-key", default="", help="the API key itself: visible in ps, prefer the two above")
+    p.add_argument("--tls-ca", help="PEM file to trust for a TLS server")
+    p.add_argument("--watch", type=float, default=0.0, metavar="SECONDS", help="keep polling the folder every SECONDS "
+                   "and sync what changed; outlives server restarts (Ctrl-C or SIGTERM stops it after the round in flight)")
+    p.add_argument("--retry-for", type=float, default=60.0, metavar="SECONDS",
+                   help="without --watch: how long to retry a server that does not answer")
+    _add_folder_args(p)
+    _add_common(p)
+    p.set_defaults(func=cmd_sync)
 
 
 def _thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -145,7 +187,7 @@ def _migrate(index_dir: Path, config, *, replace: bool, ray: str | None = None) 
     from index_builder.models.encoders import Embedder
     from index_builder.snapshot.format import load_snapshot
     from index_builder.snapshot.manifest import expected_settings
-    from retrieval.engines.qdrant import QdrantEngine
+    from retrieval.engines.qdrant.engine import QdrantEngine
 
     if config.backend.location == ":memory:":
         print("hybridrag: [backend] location ':memory:' lives only inside one process; give a folder or a URL "
@@ -154,7 +196,7 @@ def _migrate(index_dir: Path, config, *, replace: bool, ray: str | None = None) 
     snap = load_snapshot(index_dir, expected=expected_settings(config.build_config(), Embedder(config.embedder)),
                          checksums=config.index.verify_checksums)
     if ray and config.backend.remote:  # upserts from Ray tasks in parallel, none through this process
-        from retrieval.engines.ray_upload import migrate_on_ray
+        from retrieval.engines.qdrant.ray_upload import migrate_on_ray
 
         info = migrate_on_ray(index_dir, config.backend, ray, replace=replace)
         print(f"{info['tasks']} Ray tasks wrote the collection in parallel", file=sys.stderr)
@@ -278,7 +320,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from retrieval.app import serve, serve_processes
+    from retrieval.app import serve
+    from retrieval.processes import serve_processes
     from retrieval.serving.grpc_service import load_api_keys
 
     overrides = _thread_overrides(args)
@@ -308,7 +351,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     index, store = Path(args.index) if args.index else None, Path(args.store) if args.store else None
-    if config.server.processes > 1:  # a supervisor over N processes on one port (retrieval/app.py)
+    if config.server.processes > 1:  # a supervisor over N processes on one port (retrieval/processes.py)
         return serve_processes(index, config, keys, store, log_json=args.log_json)
     asyncio.run(serve(index, config, keys, store))
     return 0
@@ -362,7 +405,7 @@ def cmd_front(args: argparse.Namespace) -> int:
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
-    from retrieval.engines.qdrant_host import HostLimits, serve_host
+    from retrieval.engines.qdrant.host import HostLimits, serve_host
 
     logging.getLogger().setLevel(logging.INFO)
     try:
@@ -520,11 +563,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="encode on a Ray cluster ('local' starts one here, 'auto' joins the one this machine runs, "
                         "or HOST:PORT): chunking in tasks, encoder actors writing the checkpoint segments "
                         "([build.ray]; needs the ray extra)")
-    add_folder_args(p)
-    add_ownership_args(p)
+    _add_folder_args(p)
     _add_common(p)
     p.set_defaults(func=cmd_build)
-    add_sync_parser(sub, _add_common)
+    _add_sync_parser(sub)
 
     p = sub.add_parser("search", help="answer queries from an index")
     p.add_argument("--index", required=True)

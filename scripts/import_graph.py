@@ -47,10 +47,10 @@ ALLOWED: dict[str, set[str]] = {
     "retrieval.generation": BELOW_BUILD | {"retrieval.errors", "retrieval.search"},
     "retrieval.engines": BELOW_BUILD | {"rerank", "retrieval.errors", "retrieval.search", "retrieval.live"},
     # the development engine host is a small HTTP server: it takes the HTTP door's guard and slow-client timeouts
-    "retrieval.engines.qdrant_host": {"retrieval.engines", "retrieval.serving.http_guard",
+    "retrieval.engines.qdrant.host": {"retrieval.engines", "retrieval.serving.http_guard",
                                       "retrieval.serving.http_timeouts"},
     # a migration on Ray joins (or starts) a cluster the way a Ray build does
-    "retrieval.engines.ray_upload": BELOW_BUILD | {"retrieval.engines", "index_builder.build.ray_build"},
+    "retrieval.engines.qdrant.ray_upload": BELOW_BUILD | {"retrieval.engines", "index_builder.build.ray_build"},
     "retrieval.serving": BELOW_BUILD | {"rerank", "retrieval.errors", "retrieval.search", "retrieval.live",
                                         "retrieval.generation", "retrieval.observability", "retrieval.api"},
     "retrieval.integrations": {"retrieval.serving", "retrieval.api"},  # framework adapters over the client
@@ -58,6 +58,8 @@ ALLOWED: dict[str, set[str]] = {
     "retrieval.config": SHARED | {"retrieval.search", "retrieval.live", "retrieval.generation", "retrieval.engines",
                                   "retrieval.serving", "retrieval.observability", "retrieval.errors"},
     "retrieval.app": INDEX | {"retrieval"},
+    # the supervisor of several server processes: each worker runs app.serve
+    "retrieval.processes": SHARED | {"retrieval.app", "retrieval.config", "retrieval.observability"},
     "retrieval.api": set(),
     "retrieval": INDEX | {"rerank", "retrieval"},  # retrieval/__init__.py re-exports lazily; the folder flow builds
     "training": INDEX | {"rerank", "retrieval"},

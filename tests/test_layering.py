@@ -56,7 +56,7 @@ def test_the_check_catches_an_upward_import_and_a_cycle():
     ("retrieval.live.live_index", "index_builder.build.builder", True),
     ("retrieval.search.index", "index_builder.build.builder", False),
     ("retrieval.serving.core", "index_builder.build.workers", False),
-    ("retrieval.engines.qdrant", "index_builder.build.encodings", False),
+    ("retrieval.engines.qdrant.engine", "index_builder.build.encodings", False),
     ("retrieval.search.index", "index_builder.snapshot.manifest", True),
 ])
 def test_the_rooms_rules_are_enforced(source, target, allowed):

@@ -1,6 +1,6 @@
 """Qdrant's own compact forms of the late-interaction multivectors (issue #41, ask 6), measured on Qdrant's engine.
 
-The Qdrant backend (``retrieval/engines/qdrant.py``) puts into the engine the vectors the snapshot's compact store
+The Qdrant backend (``retrieval/engines/qdrant/``) puts into the engine the vectors the snapshot's compact store
 stands for (``pool3+bins``: a third as many vectors as tokens, decoded), and configures the multivector by
 ``[backend] token_datatype / token_memory / token_quantization / token_rescore``. No Qdrant server can be installed
 here and qdrant-client's local mode scores float32 in numpy whatever the configuration, so this study runs those

@@ -7,7 +7,7 @@ the segment is next merged). A write appends one segment: O(size of the write + 
 buffered; existing segments are shared by the old and the new state. After appending, the last two segments are
 merged while the last holds more than half as many entries as the one before it (a binary counter): at most
 ``log2(entries) + 1`` segments, and each row is copied O(log n) times in all. :mod:`retrieval.live.live_index`
-builds the views that queries read over a snapshot plus one state.
+makes the states, and the views that queries read over a snapshot plus one state (:mod:`retrieval.live.view`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The index contract: what the pipeline, the server and evaluation read of an index generation.
 
 Three implementations: :class:`retrieval.search.index.SearchIndex` (one immutable snapshot),
-:class:`retrieval.live.live_index.LiveView` (a snapshot plus the write buffer) and
-:class:`retrieval.engines.qdrant.QdrantView` (a Qdrant collection). Every stage returns
+:class:`retrieval.live.view.LiveView` (a snapshot plus the write buffer) and
+:class:`retrieval.engines.qdrant.view.QdrantView` (a Qdrant collection). Every stage returns
 :class:`~index_builder.types.Hits` in the view's document and chunk numbers and the view resolves them
 (``documents[d]``, ``passage(c)``): positions in the snapshot and its chunk space (``chunk_doc``) for the local
 views, 63-bit hashes of the ids for the engine (the same in every replica). ``filters.masks`` returns what the

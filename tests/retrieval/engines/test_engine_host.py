@@ -1,4 +1,4 @@
-"""``hybridrag engine`` (retrieval/engines/qdrant_host.py), the development Qdrant host, as a real process on
+"""``hybridrag engine`` (retrieval/engines/qdrant/host.py), the development Qdrant host, as a real process on
 loopback: what a web page or a slow client can do to it (issue 51 item 10). qdrant-client's remote path must keep
 working through every check (the replica and bench tests use it for the rest)."""
 

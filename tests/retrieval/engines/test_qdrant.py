@@ -12,7 +12,9 @@ import pytest
 from index_builder.errors import ConfigError, SnapshotError
 from index_builder.snapshot.format import load_snapshot
 from retrieval.app import open_index, open_writes
-from retrieval.engines.qdrant import QdrantEngine, QdrantView, doc_number
+from retrieval.engines.qdrant.engine import QdrantEngine
+from retrieval.engines.qdrant.ids import doc_number
+from retrieval.engines.qdrant.view import QdrantView
 from retrieval.errors import DeadlineExceeded, InvalidRequest, PermissionDenied
 from retrieval.search.filters import Filter
 from retrieval.search.pipeline import Pipeline
@@ -129,7 +131,7 @@ def test_engine_writes_store_tokens_as_a_migrated_snapshot_does(config, embedder
     from index_builder.models.token_encoders import EmbedderTokens
     from index_builder.snapshot.token_store import TokenStore
     from rerank.late_interaction import LateInteractionReranker
-    from retrieval.engines.qdrant import point_id
+    from retrieval.engines.qdrant.ids import point_id
     from retrieval.live.store import validate_batch
 
     cfg = engine_config(config, token_quantization="binary")

@@ -18,8 +18,8 @@ import pytest
 from hybridrag.cli import main
 from retrieval.api import retriever_pb2 as pb
 from retrieval.api import retriever_pb2_grpc as pb_grpc
-from retrieval.app import worker_config, worker_threads
 from retrieval.config import AppConfig, ServerConfig
+from retrieval.processes import worker_config, worker_threads
 from tests.helpers import ServeProcess
 
 NO_LLM = {"HYBRIDRAG_GENERATION__EMBEDDED__ENABLED": "false"}

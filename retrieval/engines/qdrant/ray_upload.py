@@ -13,7 +13,7 @@ from typing import Any
 
 from index_builder.build.ray_build import connect, disconnect
 from index_builder.snapshot.format import load_snapshot
-from retrieval.engines.qdrant import QdrantEngine
+from retrieval.engines.qdrant.engine import QdrantEngine
 from retrieval.engines.settings import EngineConfig
 
 TASK_BATCHES = 8  # a task upserts this many calls' worth of chunks (8 x [backend] upload_batch)
