@@ -15,7 +15,6 @@ in the reports, and ``docs/configuration.md`` lists every key.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,13 @@ class FieldError(ConfigError):
     def within(self, section: str) -> FieldError:
         return FieldError(section, self.name, self.allowed, self.value)
 
+    def __reduce__(self) -> tuple[Any, ...]:  # across processes (Ray tasks, reader processes) with its fields
+        return FieldError, (self.section, self.name, self.allowed, self.value)
+
+
+def _is_number(value: Any, integer: bool) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int if integer else int | float)
+
 
 def _show(limit: Limit, section: object) -> str:
     if isinstance(limit, str):
@@ -52,8 +58,8 @@ class Bound:
     """A number from ``lo`` to ``hi`` (either may be None; ``lo`` excluded when ``open_lo``); a limit given as a
     field's name is that field's value. ``note``: what special values mean ("0 = off").
 
-    >>> Bound(1, 64).allowed(None), Bound(0, open_lo=True).allowed(None), Bound(0, note="0 = off").allowed(None)
-    ('in [1, 64]', '> 0', '>= 0 (0 = off)')
+    >>> Bound(1, 64).allowed(None, 0, True), Bound(0, open_lo=True).allowed(None, "x", False)
+    ('in [1, 64]', 'a number > 0')
     """
 
     lo: Limit = None
@@ -62,13 +68,13 @@ class Bound:
     note: str = ""
 
     def admits(self, value: Any, section: object, integer: bool) -> bool:
-        if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+        if not _is_number(value, integer):
             return False
         lo = getattr(section, self.lo) if isinstance(self.lo, str) else self.lo
         hi = getattr(section, self.hi) if isinstance(self.hi, str) else self.hi
         return (lo is None or (value > lo if self.open_lo else value >= lo)) and (hi is None or value <= hi)
 
-    def allowed(self, section: object) -> str:
+    def allowed(self, section: object, value: Any, integer: bool) -> str:
         lo, hi = _show(self.lo, section), _show(self.hi, section)
         if self.lo is not None and self.hi is not None:
             rule = f"in {'(' if self.open_lo else '['}{lo}, {hi}]"
@@ -76,6 +82,8 @@ class Bound:
             rule = f"{'>' if self.open_lo else '>='} {lo}"
         else:
             rule = f"<= {hi}"
+        if not _is_number(value, integer):
+            rule = f"{'an integer' if integer else 'a number'} {rule}"
         return f"{rule} ({self.note})" if self.note else rule
 
 
@@ -88,7 +96,7 @@ class OneOf:
     def admits(self, value: Any, section: object, integer: bool) -> bool:
         return value in self.options
 
-    def allowed(self, section: object) -> str:
+    def allowed(self, section: object, value: Any, integer: bool) -> str:
         return f"one of {', '.join(self.options)}"
 
 
@@ -102,12 +110,16 @@ def one_of(default: T, options: Sequence[str]) -> T:
     return field(default=default, metadata={"check": OneOf(tuple(options))})
 
 
-@functools.cache
+_DECLARED: dict[type, tuple[tuple[str, Bound | OneOf, bool], ...]] = {}
+
+
 def _declared(cls: type) -> tuple[tuple[str, Bound | OneOf, bool], ...]:
-    """(name, rule, annotated int) of each field of ``cls`` that declares a rule."""
-    hints = typing.get_type_hints(cls)
-    return tuple((f.name, f.metadata["check"], hints[f.name] is int)
-                 for f in dataclasses.fields(cls) if "check" in f.metadata)
+    """(name, rule, annotated int) of each field of ``cls`` that declares a rule (worked out once per class)."""
+    if cls not in _DECLARED:
+        hints = typing.get_type_hints(cls)
+        _DECLARED[cls] = tuple((f.name, f.metadata["check"], hints[f.name] is int)
+                               for f in dataclasses.fields(cls) if "check" in f.metadata)
+    return _DECLARED[cls]
 
 
 def check_fields(section: Section) -> None:
@@ -115,11 +127,7 @@ def check_fields(section: Section) -> None:
     for name, rule, integer in _declared(type(section)):
         value = getattr(section, name)
         if not rule.admits(value, section, integer):
-            allowed = rule.allowed(section)
-            if isinstance(rule, Bound) and (isinstance(value, bool) or not isinstance(value, int | float)
-                                            or (integer and not isinstance(value, int))):
-                allowed = f"{'an integer' if integer else 'a number'} {allowed}"
-            raise FieldError(section.SECTION, name, allowed, value)
+            raise FieldError(section.SECTION, name, rule.allowed(section, value, integer), value)
 
 
 @dataclass(frozen=True)
