@@ -1,19 +1,152 @@
 """The offline layer's settings: the configuration sections of the models (ONNX runtime, embedder, cross-encoder,
-late-interaction token encoder), chunking, BM25 analysis and the build, and :class:`ConfigError`.
+late-interaction token encoder), chunking, BM25 analysis and the build; :class:`ConfigError`; and the way every
+section of the configuration declares its checks (:class:`Section`, :func:`bounded`, :func:`one_of`).
 
 A settings module: dataclasses and their checks only, importing nothing heavier than the standard library (no
 model runtime, tokenizer, stemmer or index library), so that loading a configuration (``retrieval/config.py``)
 costs milliseconds. The modules that use these sections re-export their names (``index_builder.models.encoders``,
 ``index_builder.models.runner``, ``index_builder.models.token_encoders``, ``index_builder.documents.analysis``,
 ``index_builder.documents.chunking``, ``index_builder.build.builder``).
+
+Each default says why in one line and names the report that measured it (``docs/results/``); the figures live
+in the reports, and ``docs/configuration.md`` lists every key.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
-from index_builder.errors import ConfigError  # noqa: F401  (re-exported: the error of a bad configuration)
+from index_builder.errors import ConfigError
+
+T = TypeVar("T")
+Limit = int | float | str | None  # a number, the name of another field of the section (its value), or no bound
+
+# ---------------------------------------------------------------------- declared checks
+
+
+class FieldError(ConfigError):
+    """A field outside what its declaration allows. The message names the key, what is allowed and the value;
+    the loader (``retrieval/config.py``) puts the section's place in the configuration before the key."""
+
+    def __init__(self, section: str, name: str, allowed: str, value: Any) -> None:
+        self.section, self.name, self.allowed, self.value = section, name, allowed, value
+        super().__init__(f"{section + '.' if section else ''}{name} must be {allowed}, got {value!r}")
+
+    def within(self, section: str) -> FieldError:
+        return FieldError(section, self.name, self.allowed, self.value)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # across processes (Ray tasks, reader processes) with its fields
+        return FieldError, (self.section, self.name, self.allowed, self.value)
+
+
+def _is_number(value: Any, integer: bool) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int if integer else int | float)
+
+
+def _show(limit: Limit, section: object) -> str:
+    if isinstance(limit, str):
+        return f"{limit} ({getattr(section, limit)!r})"
+    return str(int(limit)) if isinstance(limit, float) and limit.is_integer() else str(limit)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A number from ``lo`` to ``hi`` (either may be None; ``lo`` excluded when ``open_lo``); a limit given as a
+    field's name is that field's value. ``note``: what special values mean ("0 = off").
+
+    >>> Bound(1, 64).allowed(None, 0, True), Bound(0, open_lo=True).allowed(None, "x", False)
+    ('in [1, 64]', 'a number > 0')
+    """
+
+    lo: Limit = None
+    hi: Limit = None
+    open_lo: bool = False
+    note: str = ""
+
+    def admits(self, value: Any, section: object, integer: bool) -> bool:
+        if not _is_number(value, integer):
+            return False
+        lo = getattr(section, self.lo) if isinstance(self.lo, str) else self.lo
+        hi = getattr(section, self.hi) if isinstance(self.hi, str) else self.hi
+        return (lo is None or (value > lo if self.open_lo else value >= lo)) and (hi is None or value <= hi)
+
+    def allowed(self, section: object, value: Any, integer: bool) -> str:
+        lo, hi = _show(self.lo, section), _show(self.hi, section)
+        if self.lo is not None and self.hi is not None:
+            rule = f"in {'(' if self.open_lo else '['}{lo}, {hi}]"
+        elif self.lo is not None:
+            rule = f"{'>' if self.open_lo else '>='} {lo}"
+        else:
+            rule = f"<= {hi}"
+        if not _is_number(value, integer):
+            rule = f"{'an integer' if integer else 'a number'} {rule}"
+        return f"{rule} ({self.note})" if self.note else rule
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """One of ``options``."""
+
+    options: tuple[str, ...]
+
+    def admits(self, value: Any, section: object, integer: bool) -> bool:
+        return value in self.options
+
+    def allowed(self, section: object, value: Any, integer: bool) -> str:
+        return f"one of {', '.join(self.options)}"
+
+
+def bounded(default: T, lo: Limit = None, hi: Limit = None, *, open_lo: bool = False, note: str = "") -> T:
+    """A numeric field with its range, checked when the section is made: ``x: int = bounded(3, 1, 64)``."""
+    return field(default=default, metadata={"check": Bound(lo, hi, open_lo, note)})
+
+
+def one_of(default: T, options: Sequence[str]) -> T:
+    """A field that takes one of ``options``: ``exporter: str = one_of("none", EXPORTERS)``."""
+    return field(default=default, metadata={"check": OneOf(tuple(options))})
+
+
+_DECLARED: dict[type, tuple[tuple[str, Bound | OneOf, bool], ...]] = {}
+
+
+def _declared(cls: type) -> tuple[tuple[str, Bound | OneOf, bool], ...]:
+    """(name, rule, annotated int) of each field of ``cls`` that declares a rule (worked out once per class)."""
+    if cls not in _DECLARED:
+        hints = typing.get_type_hints(cls)
+        _DECLARED[cls] = tuple((f.name, f.metadata["check"], hints[f.name] is int)
+                               for f in dataclasses.fields(cls) if "check" in f.metadata)
+    return _DECLARED[cls]
+
+
+def check_fields(section: Section) -> None:
+    """Every declared rule of ``section``'s fields; :class:`FieldError` for the first one broken."""
+    for name, rule, integer in _declared(type(section)):
+        value = getattr(section, name)
+        if not rule.admits(value, section, integer):
+            raise FieldError(section.SECTION, name, rule.allowed(section, value, integer), value)
+
+
+@dataclass(frozen=True)
+class Section:
+    """A section of the configuration: when made (by the loader, by hand or by ``dataclasses.replace``) its
+    fields' declared rules are checked (:func:`bounded`, :func:`one_of`), then :meth:`check`."""
+
+    SECTION: ClassVar[str] = ""  # its place in the configuration, for messages; "" for a shape used in several
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        self.check()
+
+    def check(self) -> None:
+        """Rules a field declaration cannot say (between fields, patterns); raise :meth:`fail`."""
+
+    def fail(self, name: str, allowed: str) -> FieldError:
+        return FieldError(self.SECTION, name, allowed, getattr(self, name))
+
 
 # ---------------------------------------------------------------------- models
 
@@ -27,106 +160,87 @@ STORAGES = ("float16", "int8")  # the plain storages; a stateless codec spec (Co
 QUANTS = ("int8", "int4", "bin", "bins", "res1", "res2")
 DEFAULT_CENTROIDS = 1024
 POOL_METHODS = ("ward", "colbert")  # index_builder/snapshot/token_pooling.py
+DENSE_INDEXES = ("auto", "hnsw", "hnsw_sq8", "ivf_pq")  # index_builder/snapshot/dense_index.py
 
 
 @dataclass(frozen=True)
-class RuntimeConfig:
-    """How ONNX Runtime runs a model.
+class RuntimeConfig(Section):
+    """How ONNX Runtime runs a model (``[embedder.runtime]``, ``[late_interaction.runtime]``,
+    ``[cross_encoder.runtime]``).
 
     ``providers``: in order of preference; CPU is always appended as the last resort.
-    ``intra_op_threads`` / ``inter_op_threads``: 0 lets ONNX Runtime choose (all physical cores).
     ``trt_cache_dir``: where TensorRT keeps built engines (first run on a GPU builds them: minutes).
+    Threads stop spinning when a run returns (``session.force_spinning_stop``), so they do not hold the cores
+    through the stages that follow (docs/results/scale.md).
     """
 
     providers: tuple[str, ...] = (CPU,)
-    intra_op_threads: int = 0
-    inter_op_threads: int = 0
+    intra_op_threads: int = bounded(0, 0, note="0 = onnxruntime's default: all physical cores")
+    inter_op_threads: int = bounded(0, 0, note="0 = onnxruntime's default")
     trt_fp16: bool = True
     trt_cache_dir: str = ""
-    graph_optimization: str = "all"  # "disable" | "basic" | "extended" | "all"
-    # ONNX Runtime's CPU arena keeps the largest batch's activations allocated for the session's lifetime (hundreds
-    # of MB for 32 passages of 256 tokens); off for sessions that run rarely (the live index's rebuild encoder).
+    graph_optimization: str = one_of("all", GRAPH_OPTIMIZATIONS)
+    # the arena keeps the largest batch's activations for the session's life; off for rarely run sessions (the
+    # live index's rebuild encoder sets it: docs/results/hardening.md)
     cpu_mem_arena: bool = True
-    # ONNX Runtime's intra-op threads spin for a while after each run, waiting for the next one: lower latency for
-    # a model run back to back, but the spinning takes the cores from every other model in the process. Off for a
-    # model that runs between others (the cross-encoder: docs/results/interactive-cascade.md).
+    # false for a model that runs between others: its spinning threads take their cores
+    # (docs/results/interactive-cascade.md)
     allow_spinning: bool = True
-    # With spinning allowed, the threads also spin on after a run returns, waiting for the next one, and hold the
-    # cores through the stages that follow (faiss, BM25, the rows read). ``spin_after_run = false`` (the default;
-    # ``session.force_spinning_stop``) keeps the spinning inside a run and stops it when the run returns: served at
-    # 1M passages the dense stage went 4.0-4.5 -> 3.0-3.3 ms, and neutral or better at 10k and in the cascade
-    # (docs/results/scale.md, "ONNX Runtime's threads stop spinning when a run returns").
-    spin_after_run: bool = False
-
-    def __post_init__(self) -> None:
-        if self.graph_optimization not in GRAPH_OPTIMIZATIONS:
-            raise ValueError(f"graph_optimization must be one of {sorted(GRAPH_OPTIMIZATIONS)}, got "
-                             f"{self.graph_optimization!r}")
-        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
-            raise ValueError("thread counts must be >= 0 (0 = onnxruntime's default)")
 
 
 @dataclass(frozen=True)
-class EmbedderConfig:
+class EmbedderConfig(Section):
     """The dense embedder: mean pooling over the attention mask, then L2 normalisation."""
 
+    SECTION = "embedder"
     model: str = BUNDLED
-    max_length: int = 256  # all-MiniLM-L6-v2 was trained at 256 word pieces
-    batch_size: int = 32
+    max_length: int = bounded(256, 1)  # all-MiniLM-L6-v2 was trained at 256 word pieces
+    batch_size: int = bounded(32, 1)
     hf_offline: bool = False
     cache_dir: str = ""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
 @dataclass(frozen=True)
-class CrossEncoderConfig:
+class CrossEncoderConfig(Section):
     """A sequence-classification ONNX model (one logit per pair); ``model`` "" = none configured."""
 
+    SECTION = "cross_encoder"
     model: str = ""
-    # Pair length in word pieces (passage side cut). 128 rather than 256: on NFCorpus dev (324 queries) the shipped
-    # model scored 0.3362 at 128 against 0.3317 at 256, at half the latency (bench/studies/ce_levers.py, README).
-    max_length: int = 128
-    batch_size: int = 16
+    # pair length in word pieces (the passage side cut): no worse than 256 at half the cost (docs/results/reranking.md)
+    max_length: int = bounded(128, 1)
+    batch_size: int = bounded(16, 1)
     hf_offline: bool = False
     cache_dir: str = ""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    # "auto": on the CPU provider of a CPU with an int8 dot-product extension (AVX-512 VNNI, AVX-VNNI, AMX), serve
-    # a dynamic int8 copy of the model, made on first use and cached (index_builder/models/int8.py): 0.55-0.61x the fp32
-    # cost, nDCG@10 -0.002 to -0.007 (docs/results/interactive-cascade.md); elsewhere the model as it is (int8
-    # kernels without those instructions are slower than fp32). "int8": the copy on any CPU; "fp32": never.
-    precision: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.precision not in CE_PRECISIONS:
-            raise ValueError(f"cross_encoder precision must be one of {', '.join(CE_PRECISIONS)}, got "
-                             f"{self.precision!r}")
+    # "auto": a dynamic int8 copy (index_builder/models/int8.py) on a CPU with an int8 dot-product extension
+    # (VNNI, AMX), where it costs about half of fp32 at a small loss, the model as it is elsewhere;
+    # "int8": the copy on any CPU; "fp32": never (docs/results/cross-encoder-defaults.md)
+    precision: str = one_of("auto", CE_PRECISIONS)
 
 
 @dataclass(frozen=True)
-class TokenEncoderConfig:
+class TokenEncoderConfig(Section):
     """The late-interaction token model and its storage.
 
     ``model``: "" = the embedder's own token vectors; else a ColBERT ONNX folder (or Hugging Face id) with
     ``colbert_config.json``. ``query_maxlen`` / ``doc_maxlen``: 0 takes the model's own settings.
     """
 
+    SECTION = "late_interaction"
     model: str = ""
-    # how the token vectors are stored: a codec of index_builder/snapshot/token_codes.py, chosen by measurement
-    # (each passage's tokens pooled 3 to 1, each kept as its signs and a float16 scale: 50 bytes a vector, ~3.4 KB a
-    # passage against ~79 KB for "int8"; nDCG@10 -0.0008 SciFact, -0.0013 NFCorpus: docs/results/token-codes.md),
-    # or "int8" / "float16"
+    # a stateless codec of index_builder/snapshot/token_codes.py, or "int8" / "float16": tokens pooled 3 to 1, each
+    # kept as its signs and a scale, a twentieth of int8's bytes at a small loss (docs/results/token-codes.md)
     storage: str = "pool3+bins"
-    batch_size: int = 32
-    query_maxlen: int = 0
-    doc_maxlen: int = 0
+    batch_size: int = bounded(32, 1)
+    query_maxlen: int = bounded(0, 0, note="0 = the model's own")
+    doc_maxlen: int = bounded(0, 0, note="0 = the model's own")
     hf_offline: bool = False
     cache_dir: str = ""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         object.__setattr__(self, "storage", check_storage(self.storage))
-        if self.batch_size < 1 or self.query_maxlen < 0 or self.doc_maxlen < 0:
-            raise ValueError("batch_size must be >= 1 and query_maxlen/doc_maxlen >= 0 (0 = the model's own)")
 
 
 # ---------------------------------------------------------------------- token storage
@@ -224,111 +338,103 @@ def check_storage(storage: str) -> str:
 
 
 @dataclass(frozen=True)
-class ChunkConfig:
+class ChunkConfig(Section):
     """``max_tokens``: word pieces of document text per chunk (the title is prepended on top);
     ``overlap``: word pieces shared by consecutive chunks; ``max_chunks_per_doc``: keep only a document's first
     N chunks (0 = all; 1 = truncate, as BEIR's published dense figures do), capping the cost of huge documents."""
 
-    max_tokens: int = 224
-    overlap: int = 48
-    max_chunks_per_doc: int = 0
+    SECTION = "chunking"
+    max_tokens: int = bounded(224, 16)
+    overlap: int = bounded(48, 0)
+    max_chunks_per_doc: int = bounded(0, 0, note="0 = all")
 
-    def __post_init__(self) -> None:
-        if self.max_tokens < 16:
-            raise ValueError(f"chunk max_tokens must be >= 16, got {self.max_tokens}")
-        if not 0 <= self.overlap < self.max_tokens // 2 + 1:
-            raise ValueError(f"chunk overlap must be in [0, {self.max_tokens // 2}], got {self.overlap}")
-        if self.max_chunks_per_doc < 0:
-            raise ValueError(f"max_chunks_per_doc must be >= 0 (0 = all), got {self.max_chunks_per_doc}")
+    def check(self) -> None:
+        if self.overlap > self.max_tokens // 2:
+            raise self.fail("overlap", f"in [0, {self.max_tokens // 2}] (half of max_tokens)")
 
 
 @dataclass(frozen=True)
-class AnalyzerConfig:
+class AnalyzerConfig(Section):
     """``stemmer``: a PyStemmer algorithm ("porter", "english" = Porter2, ...) or "none"."""
 
+    SECTION = "analyzer"
     stemmer: str = "porter"
-    stopwords: str = "lucene"  # "lucene" or "none"
+    stopwords: str = one_of("lucene", ("lucene", "none"))
     lowercase: bool = True
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         if self.stemmer != "none":
             import Stemmer  # here, not at the top: the stemmer is needed to check a name, not to load a config
 
             if self.stemmer not in Stemmer.algorithms():
-                raise ValueError(f"unknown stemmer {self.stemmer!r}; choose 'none' or one of {Stemmer.algorithms()}")
-        if self.stopwords not in ("lucene", "none"):
-            raise ValueError(f"unknown stopwords {self.stopwords!r}; choose 'lucene' or 'none'")
+                raise self.fail("stemmer", f"'none' or one of {', '.join(Stemmer.algorithms())}")
 
 
 # ---------------------------------------------------------------------- the build
 
 
 @dataclass(frozen=True)
-class BM25Config:
+class BM25Config(Section):
     """Lucene BM25 parameters; the defaults are Pyserini's for BEIR (k1=0.9, b=0.4)."""
 
-    k1: float = 0.9
-    b: float = 0.4
-
-    def __post_init__(self) -> None:
-        if not (0 <= self.k1 <= 10 and 0 <= self.b <= 1):
-            raise ValueError(f"bm25 needs 0 <= k1 <= 10 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
+    SECTION = "bm25"
+    k1: float = bounded(0.9, 0, 10)
+    b: float = bounded(0.4, 0, 1)
 
 
 @dataclass(frozen=True)
-class HNSWConfig:
+class HNSWConfig(Section):
     """faiss HNSW build parameters (efSearch is a query-time setting: see retrieval's DenseConfig)."""
 
-    m: int = 32
-    ef_construction: int = 200
-
-    def __post_init__(self) -> None:
-        if not (4 <= self.m <= 128 and self.ef_construction >= self.m):
-            raise ValueError(f"hnsw needs 4 <= m <= 128 and ef_construction >= m, got m={self.m}, "
-                             f"ef_construction={self.ef_construction}")
+    SECTION = "hnsw"
+    m: int = bounded(32, 4, 128)
+    ef_construction: int = bounded(200, "m")
 
 
 @dataclass(frozen=True)
-class RayBuildConfig:
-    """``[build.ray]``: ``hybridrag build --ray ADDRESS`` (index_builder/build/ray_build.py). ``actors``: encoder actors
-    (0: as many as the cluster's CPUs allow at ``actor_cpus`` each, or its GPUs at ``actor_gpus``); each loads the
-    models once and runs ONNX with ``actor_cpus`` threads (CUDA/TensorRT providers as ``[embedder.runtime]`` says
-    when ``actor_gpus`` > 0). ``prepare_cpus``: what a chunk-and-analyse task reserves (0: it runs beside the
-    encoders). ``in_flight``: batches queued per actor (the driver waits beyond that: bounded memory)."""
+class RayBuildConfig(Section):
+    """``[build.ray]``: ``hybridrag build --ray ADDRESS`` (index_builder/build/ray_build.py). ``actors``: encoder
+    actors (0: as many as the cluster's CPUs allow at ``actor_cpus`` each, or its GPUs at ``actor_gpus``); each
+    loads the models once and runs ONNX with ``actor_cpus`` threads (CUDA/TensorRT providers as
+    ``[embedder.runtime]`` says when ``actor_gpus`` > 0). ``prepare_cpus``: what a chunk-and-analyse task reserves
+    (0: it runs beside the encoders). ``in_flight``: batches queued per actor (the driver waits beyond that:
+    bounded memory)."""
 
-    actors: int = 0
-    actor_cpus: float = 1.0
-    actor_gpus: float = 0.0
-    prepare_cpus: float = 0.0
-    in_flight: int = 2
-
-    def __post_init__(self) -> None:
-        if self.actors < 0 or self.actor_cpus <= 0 or self.actor_gpus < 0 or self.prepare_cpus < 0 \
-                or self.in_flight < 1:
-            raise ValueError(f"build.ray needs actors >= 0, actor_cpus > 0, actor_gpus >= 0, prepare_cpus >= 0 and "
-                             f"in_flight >= 1; got {self}")
+    SECTION = "build.ray"
+    actors: int = bounded(0, 0, note="0 = as many as the cluster allows")
+    actor_cpus: float = bounded(1.0, 0, open_lo=True)
+    actor_gpus: float = bounded(0.0, 0)
+    prepare_cpus: float = bounded(0.0, 0)
+    in_flight: int = bounded(2, 1)
 
 
 @dataclass(frozen=True)
-class BuildConfig:
+class BuildOptions(Section):
+    """``[build]``: the build's own settings (the models, chunking and analysis have their own sections;
+    :class:`BuildConfig` gathers what a build reads)."""
+
+    SECTION = "build"
+    token_vectors: bool = True  # store per-token vectors for the late-interaction stage
+    keep_snapshots: int = bounded(3, 0, note="0 keeps all")  # generations kept on disk after a build
+    # passages embedded at a time: one checkpoint of the build (a killed build resumes after its last one), and the
+    # bound on what the build holds of model output at once (index_builder/build/builder.py)
+    embed_batch: int = bounded(1024, 1, 65_536)
+    # reuse the encodings the current snapshot, the write buffer and a killed build's checkpoints hold (by chunk
+    # key: model files' sha256 and settings + passage); false embeds every passage again (to time a full build, or
+    # after a runtime upgrade that changes the vectors the same model file makes)
+    reuse: bool = True
+    ray: RayBuildConfig = field(default_factory=RayBuildConfig)  # [build.ray]: a build on a Ray cluster
+
+
+@dataclass(frozen=True)
+class BuildConfig(BuildOptions):
+    """What a build reads: the ``[build]`` options and the sections of the models, text and dense index it uses,
+    gathered from an application configuration by ``retrieval.config.AppConfig.build_config``."""
+
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
     chunking: ChunkConfig = field(default_factory=ChunkConfig)
     analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
     hnsw: HNSWConfig = field(default_factory=HNSWConfig)
-    token_vectors: bool = True  # store per-token vectors for the late-interaction stage
     token_encoder: TokenEncoderConfig = field(default_factory=TokenEncoderConfig)
-    keep_snapshots: int = 3  # generations kept on disk after a build (0 keeps all)
-    # passages embedded at a time: one checkpoint of the build (a killed build resumes after its last one), and the
-    # bound on what the build holds of model output at once (index_builder/build/builder.py)
-    embed_batch: int = 1024
-    # true: reuse the encodings the current snapshot, the write buffer and a killed build's checkpoints hold (by
-    # chunk key: model files' sha256 and settings + passage); false embeds every passage again (to time a full
-    # build, or after a runtime upgrade that changes the vectors the same model file makes)
-    reuse: bool = True
-    dense_index: str = "auto"  # [dense] index: auto, hnsw, hnsw_sq8, ivf_pq (index_builder/snapshot/dense_index.py)
-    ray: RayBuildConfig = field(default_factory=RayBuildConfig)  # [build.ray]: a build on a Ray cluster
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.embed_batch <= 65_536:
-            raise ValueError(f"build.embed_batch must be in [1, 65536], got {self.embed_batch}")
+    dense_index: str = one_of("auto", DENSE_INDEXES)  # [dense] index (index_builder/snapshot/dense_index.py)

@@ -3,12 +3,15 @@
 Sources, later ones winning: the defaults below, a TOML file (``--config``), environment variables
 ``HYBRIDRAG_<SECTION>__<KEY>`` (e.g. ``HYBRIDRAG_FUSION__K=40``; lists comma-separated:
 ``HYBRIDRAG_EMBEDDER__RUNTIME__PROVIDERS=CUDAExecutionProvider,CPUExecutionProvider``), then CLI flags.
-Only :func:`load_config` reads files or the environment; everything below it receives values.
+Only :func:`load_config` reads files or the environment; everything below it receives values. Every section checks
+its own fields when made (``index_builder.settings.Section``); the loader names the key's place. Keys that were
+removed are refused with the reason (:data:`REMOVED`); docs/configuration.md lists every key and the removed ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 import types
@@ -22,12 +25,13 @@ from index_builder.settings import (
     AnalyzerConfig,
     BM25Config,
     BuildConfig,
+    BuildOptions,
     ChunkConfig,
     ConfigError,
     CrossEncoderConfig,
     EmbedderConfig,
+    FieldError,
     HNSWConfig,
-    RayBuildConfig,
     TokenEncoderConfig,
 )
 from retrieval.engines.settings import EngineConfig
@@ -53,14 +57,17 @@ ENV_PREFIX = "HYBRIDRAG_"
 __all__ = ["AppConfig", "BatchingConfig", "BuildOptions", "DenseConfig", "FirstStageConfig", "FusionConfig",
            "HttpConfig", "IndexConfig", "LiveConfig", "RerankConfig", "ServerConfig", "load_config"]
 
-
-@dataclass(frozen=True)
-class BuildOptions:
-    token_vectors: bool = True
-    keep_snapshots: int = 3
-    embed_batch: int = 1024  # passages embedded at a time: one checkpoint of the build (index_builder/build/builder.py)
-    reuse: bool = True  # false: embed every passage again instead of reusing the encodings earlier builds hold
-    ray: RayBuildConfig = field(default_factory=RayBuildConfig)  # [build.ray]: hybridrag build --ray
+# Keys taken out (issue 52), each with why: a file or variable that still sets one is refused with this reason
+# rather than a bare "unknown key". docs/configuration.md ("Removed keys") lists the same.
+_SPIN = ("measured worse: threads that spin on after a run hold the cores from the stages that follow; they now "
+         "always stop when a run returns (docs/results/scale.md)")
+REMOVED: dict[str, str] = {
+    "rerank.li_score": ("measured, not better: token-standardised MaxSim (\"token_z\") lost to plain MaxSim on every "
+                        "short-query tuning set (docs/results/cascade-robustness.md); late interaction scores MaxSim"),
+    "embedder.runtime.spin_after_run": _SPIN,
+    "late_interaction.runtime.spin_after_run": _SPIN,
+    "cross_encoder.runtime.spin_after_run": _SPIN,
+}
 
 
 @dataclass(frozen=True)
@@ -90,11 +97,11 @@ class AppConfig:
     front: FrontConfig = field(default_factory=FrontConfig)
 
     def build_config(self) -> BuildConfig:
-        return BuildConfig(embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer, bm25=self.bm25,
-                           hnsw=self.hnsw, token_vectors=self.build.token_vectors,
-                           token_encoder=self.late_interaction, keep_snapshots=self.build.keep_snapshots,
-                           embed_batch=self.build.embed_batch, reuse=self.build.reuse,
-                           dense_index=self.dense.index, ray=self.build.ray)
+        """What a build reads: ``[build]`` with the sections of the models, text and dense index it uses."""
+        options = {f.name: getattr(self.build, f.name) for f in dataclasses.fields(BuildOptions)}
+        return BuildConfig(**options, embedder=self.embedder, chunking=self.chunking, analyzer=self.analyzer,
+                           bm25=self.bm25, hnsw=self.hnsw, token_encoder=self.late_interaction,
+                           dense_index=self.dense.index)
 
 
 def _coerce(tp: Any, value: Any, where: str) -> Any:
@@ -145,14 +152,23 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
 def _from_dict(cls: Any, data: Mapping[str, Any], where: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
-    if unknown:
-        raise ConfigError(f"{where or 'config'}: unknown key(s) {sorted(unknown)}; known: {sorted(names)}")
+    for key in sorted(set(data) - names):
+        path = f"{where}.{key}" if where else key
+        if path in REMOVED:
+            raise ConfigError(f"{path} was removed: {REMOVED[path]}. Delete it from the configuration "
+                              "(docs/configuration.md#removed-keys)")
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"{where or 'config'}: unknown key {key!r}; {hint}known: {', '.join(sorted(names))}")
     kwargs = {k: _coerce(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
     try:
         return cls(**kwargs)
-    except ValueError as e:
-        raise ConfigError(f"{where or 'config'}: {e}") from None
+    except FieldError as e:
+        raise e.within(where) from None
+    except ValueError as e:  # a section's own check; its message may name the key already
+        message = str(e)
+        raise ConfigError(message if where and message.startswith(f"{where}.") else f"{where or 'config'}: {message}") \
+            from None
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

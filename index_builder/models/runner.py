@@ -94,7 +94,7 @@ class OnnxModel:
         opts.graph_optimization_level = _OPT_LEVELS[runtime.graph_optimization]
         opts.enable_cpu_mem_arena = runtime.cpu_mem_arena
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if runtime.allow_spinning else "0")
-        opts.add_session_config_entry("session.force_spinning_stop", "0" if runtime.spin_after_run else "1")
+        opts.add_session_config_entry("session.force_spinning_stop", "1")  # see RuntimeConfig
         providers = choose_providers(runtime.providers, ort.get_available_providers())
         provider_args: list[str | tuple[str, dict[str, object]]] = []
         for p in providers:

