@@ -50,7 +50,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httptools
 import uvicorn
@@ -172,7 +172,7 @@ class _TimedProtocol(asyncio.Protocol):
     # ----------------------------------------------------------- asyncio's calls, handed on
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  (a stream transport: uvicorn serves TCP and Unix sockets)
+        self.transport = cast(asyncio.Transport, transport)  # a stream transport: uvicorn serves TCP and Unix sockets
         self.inner.connection_made(transport)
         self._arm(self.timeouts.header_timeout_s, self._cut)
 
