@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def sync_part(work: Path, folder: Path, chosen: list[str], spares: list[str], doc_root: Path, args: argparse.Namespace,
               build_seconds: float) -> dict[str, Any]:
-    from retrieval.serving.client import ClientOptions, RetrieverClient
+    from retrieval.client import ClientOptions, RetrieverClient
 
     py = [sys.executable, "-m", "hybridrag"]
     store = work / "store.db"

@@ -105,7 +105,7 @@ def _retrieve_load(client, queries: list[str], seconds: float) -> list[float]:
 
 
 def _with_generate_load(target: str, questions: list[str], streams: int, top_k: int, max_tokens: int, fn):
-    from retrieval.serving.client import ClientOptions, RetrieverClient
+    from retrieval.client import ClientOptions, RetrieverClient
 
     stop = threading.Event()
     done = [0]
@@ -228,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
 
+    from retrieval.client import ClientOptions, RetrieverClient
     from retrieval.config import load_config
-    from retrieval.serving.client import ClientOptions, RetrieverClient
 
     config = load_config(args.config)
     test = [t for _, t in query_list(args.dataset, "test")[0]]

@@ -322,7 +322,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from retrieval.app import serve
     from retrieval.processes import serve_processes
-    from retrieval.serving.grpc_service import load_api_keys
+    from retrieval.serving.auth import load_api_keys
 
     overrides = _thread_overrides(args)
     if args.port is not None:
@@ -341,7 +341,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     root = logging.getLogger()
     root.setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if args.log_json:
-        from retrieval.serving.grpc_service import JsonLogFormatter
+        from retrieval.observability.logs import JsonLogFormatter
 
         for handler in root.handlers:
             handler.setFormatter(JsonLogFormatter())
@@ -422,7 +422,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
 def cmd_query(args: argparse.Namespace) -> int:
     import grpc
 
-    from retrieval.serving.client import ClientOptions, RetrieverClient
+    from retrieval.client import ClientOptions, RetrieverClient
 
     opts = ClientOptions(api_key=os.environ.get("HYBRIDRAG_API_KEY", ""), tls_ca=args.tls_ca or "", timeout=args.timeout)
     meta = dict(kv.split("=", 1) for kv in args.filter)
@@ -452,7 +452,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     """Generate: print the sources at once, then the answer as it streams, then the stats."""
     import grpc
 
-    from retrieval.serving.client import ClientOptions, RetrieverClient
+    from retrieval.client import ClientOptions, RetrieverClient
 
     opts = ClientOptions(api_key=os.environ.get("HYBRIDRAG_API_KEY", ""), tls_ca=args.tls_ca or "", timeout=args.timeout)
     meta = dict(kv.split("=", 1) for kv in args.filter)

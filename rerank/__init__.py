@@ -1,5 +1,5 @@
 """Second-stage scorers (late interaction, cross-encoder).
 
-A leaf package: it imports neither ``retrieval`` nor ``index_builder``; it defines the small protocols it needs
-and receives model runners from outside.
+A leaf package but for the token codecs it scores (``index_builder.snapshot``): it imports no ``retrieval`` and no
+model runtime; the scores and vectors it works on come from outside.
 """

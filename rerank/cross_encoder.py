@@ -1,7 +1,7 @@
 """Cross-encoder stage: reorder the top K of a ranking by (query, passage) pair scores; the rest keep their order.
 
-The scores come from a :class:`~rerank.protocols.PairScorer` (the service calls ``index_builder.models.encoders.CrossEncoder``
-through its cross-request batcher, so pairs of concurrent requests share one ONNX run).
+The scores come from outside: the service calls ``index_builder.models.encoders.CrossEncoder`` through its
+cross-request batcher, so pairs of concurrent requests share one ONNX run.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ _EXPORTS = {
     "SearchRequest": "retrieval.search.request", "Filter": "retrieval.search.filters",
     "SearchIndex": "retrieval.search.index", "IndexView": "retrieval.search.view",
     "LiveIndex": "retrieval.live.live_index", "DocumentStore": "retrieval.live.store",
-    "RetrieverClient": "retrieval.serving.client", "AsyncRetrieverClient": "retrieval.serving.client",
+    "RetrieverClient": "retrieval.client", "AsyncRetrieverClient": "retrieval.client",
     "BackgroundServer": "retrieval.serving.server",
 }
 __all__ = sorted(_EXPORTS)

@@ -14,8 +14,8 @@ from index_builder.errors import ConfigError, HybridRagError
 from index_builder.types import Document
 
 if TYPE_CHECKING:
+    from retrieval.client import RetrieverClient
     from retrieval.live.store import DocumentStore
-    from retrieval.serving.client import RetrieverClient
 
 PAGE = 1000  # documents per listing page (the server's largest)
 MAX_BACKOFF_S = 30.0
@@ -112,7 +112,7 @@ class ServerTarget:
     @classmethod
     def connect(cls, address: str, api_key: str = "", tls_ca: str = "", **kwargs: Any) -> ServerTarget:
         """A client of ``address`` (nothing is sent yet: a server that is down is found by the first round)."""
-        from retrieval.serving.client import ClientOptions, RetrieverClient
+        from retrieval.client import ClientOptions, RetrieverClient
 
         try:
             return cls(RetrieverClient(address, ClientOptions(api_key=api_key, tls_ca=tls_ca)), address, **kwargs)

@@ -47,13 +47,13 @@ ALLOWED: dict[str, set[str]] = {
     "retrieval.generation": BELOW_BUILD | {"retrieval.errors", "retrieval.search"},
     "retrieval.engines": BELOW_BUILD | {"rerank", "retrieval.errors", "retrieval.search", "retrieval.live"},
     # the development engine host is a small HTTP server: it takes the HTTP door's guard and slow-client timeouts
-    "retrieval.engines.qdrant.host": {"retrieval.engines", "retrieval.serving.http_guard",
-                                      "retrieval.serving.http_timeouts"},
+    "retrieval.engines.qdrant.host": {"retrieval.engines", "retrieval.serving.http.guard",
+                                      "retrieval.serving.http.timeouts"},
     # a migration on Ray joins (or starts) a cluster the way a Ray build does
     "retrieval.engines.qdrant.ray_upload": BELOW_BUILD | {"retrieval.engines", "index_builder.build.ray_build"},
     "retrieval.serving": BELOW_BUILD | {"rerank", "retrieval.errors", "retrieval.search", "retrieval.live",
                                         "retrieval.generation", "retrieval.observability", "retrieval.api"},
-    "retrieval.integrations": {"retrieval.serving", "retrieval.api"},  # framework adapters over the client
+    "retrieval.client": {"retrieval.api"},  # the clients and framework adapters: the wire contract, never the server
     "retrieval.evaluate": INDEX | {"rerank", "retrieval.errors", "retrieval.search"},
     "retrieval.config": SHARED | {"retrieval.search", "retrieval.live", "retrieval.generation", "retrieval.engines",
                                   "retrieval.serving", "retrieval.observability", "retrieval.errors"},
@@ -68,19 +68,18 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 
-# The doors, each one a set of modules (the HTTP door's parts may import each other: they are one door).
-DOORS: dict[str, frozenset[str]] = {
-    "grpc": frozenset({"retrieval.serving.grpc_service"}),
-    "http": frozenset({"retrieval.serving.http", "retrieval.serving.http_common", "retrieval.serving.http_guard",
-                       "retrieval.serving.http_json", "retrieval.serving.http_timeouts", "retrieval.serving.openai_api"}),
-    "front": frozenset({"retrieval.serving.front"}),
+# The doors, each a module or a package (a package's modules may import each other: they are one door).
+DOORS: dict[str, str] = {
+    "grpc": "retrieval.serving.grpc_service",
+    "http": "retrieval.serving.http",
+    "front": "retrieval.serving.front",
 }
 CONFIG = "retrieval.config"  # assembles the settings modules into AppConfig
 
 
 def door(module: str) -> str | None:
-    """The door ``module`` belongs to, or None."""
-    return next((name for name, modules in DOORS.items() if module in modules), None)
+    """The door ``module`` belongs to (the door's module, or a module of its package), or None."""
+    return next((name for name, root in DOORS.items() if module == root or module.startswith(root + ".")), None)
 
 
 def is_settings(module: str) -> bool:

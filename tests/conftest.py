@@ -138,3 +138,10 @@ def sample_train(tmp_path_factory) -> Path:
     (root / "qrels").mkdir()
     shutil.copy2(SAMPLE / "qrels" / "test.tsv", root / "qrels" / "train.tsv")
     return root
+
+
+def pytest_configure(config) -> None:
+    """Framework adapters whose framework is not installed stay out of doctest collection (tests/adapter_frameworks.py)."""
+    from tests.adapter_frameworks import SkipAbsentFrameworks
+
+    config.pluginmanager.register(SkipAbsentFrameworks(), "hybridrag-adapter-frameworks")

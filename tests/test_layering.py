@@ -58,6 +58,15 @@ def test_the_check_catches_an_upward_import_and_a_cycle():
     ("retrieval.serving.core", "index_builder.build.workers", False),
     ("retrieval.engines.qdrant.engine", "index_builder.build.encodings", False),
     ("retrieval.search.index", "index_builder.snapshot.manifest", True),
+    # the clients stand apart from the server: they know the wire contract only; the server never imports them
+    ("retrieval.client.integrations.langchain", "retrieval.client.client", True),
+    ("retrieval.client.client", "retrieval.api.retriever_pb2", True),
+    ("retrieval.client.integrations.haystack", "retrieval.serving.core", False),
+    ("retrieval.serving.server", "retrieval.client.client", False),
+    # the engine host takes the HTTP door's guard and timeouts, not its app
+    ("retrieval.engines.qdrant.host", "retrieval.serving.http.guard", True),
+    ("retrieval.engines.qdrant.host", "retrieval.serving.http.timeouts", True),
+    ("retrieval.engines.qdrant.host", "retrieval.serving.http.app", False),
 ])
 def test_the_rooms_rules_are_enforced(source, target, allowed):
     """A planted import is reported exactly when the rules forbid it."""
@@ -75,16 +84,17 @@ def test_doors_are_siblings_and_config_loads_settings_modules_only():
 
 def test_the_check_catches_a_door_importing_a_door_and_config_importing_a_non_settings_module():
     g = _graph_module()
-    edges = {"retrieval.serving.grpc_service": {"retrieval.serving.http", "retrieval.serving.core"},
-             "retrieval.serving.http_guard": {"retrieval.serving.http_common", "retrieval.serving.core"},  # one door
-             "retrieval.serving.openai_api": {"retrieval.serving.front"},
-             "retrieval.serving.server": {"retrieval.serving.grpc_service", "retrieval.serving.http"},  # not a door
+    edges = {"retrieval.serving.grpc_service": {"retrieval.serving.http.app", "retrieval.serving.core"},
+             "retrieval.serving.http.guard": {"retrieval.serving.http.errors", "retrieval.serving.core"},  # one door
+             "retrieval.serving.http.openai": {"retrieval.serving.front"},
+             "retrieval.serving.http_extra": {"retrieval.serving.grpc_service"},  # beside the package, not in it
+             "retrieval.serving.server": {"retrieval.serving.grpc_service", "retrieval.serving.http.app"},  # not a door
              "retrieval.config": {"retrieval.serving.settings", "index_builder.settings",
                                   "retrieval.serving.grpc_service"}}
     assert g.door_violations(edges) == [
-        "door imports door: retrieval.serving.grpc_service -> retrieval.serving.http (the grpc door may not import "
-        "the http door; both import the core)",
-        "door imports door: retrieval.serving.openai_api -> retrieval.serving.front (the http door may not import "
+        "door imports door: retrieval.serving.grpc_service -> retrieval.serving.http.app (the grpc door may not "
+        "import the http door; both import the core)",
+        "door imports door: retrieval.serving.http.openai -> retrieval.serving.front (the http door may not import "
         "the front door; both import the core)"]
     assert [v.split(" (")[0] for v in g.config_violations(edges)] == [
         "config imports a non-settings module: retrieval.config -> retrieval.serving.grpc_service"]

@@ -153,7 +153,7 @@ async def close_channels(spec: LevelSpec, channels: list[Any]) -> None:
 
 
 def _http_callables(clients: list[Any], spec: LevelSpec) -> list[Callable[[str], Awaitable[Any]]]:
-    from retrieval.serving.http_common import TIMEOUT_HEADER
+    from retrieval.serving.http.door import TIMEOUT_HEADER
 
     r = spec.request
     headers = {"authorization": f"Bearer {r.api_key}"} if r.api_key else {}

@@ -22,6 +22,18 @@ STAGES = FIRST_STAGES + RERANK_STAGES
 NO_FILTER = Filter()
 
 
+def check_length(text: str, max_chars: int, what: str = "query") -> None:
+    """The one bound on a text the models encode at query time (a query, a text to embed or to rerank:
+    ``[first_stage] max_query_chars``), or InvalidRequest naming it.
+
+    >>> check_length("bees", 3, "input 0")
+    Traceback (most recent call last):
+    retrieval.errors.InvalidRequest: input 0 is 4 characters; at most 3 are allowed
+    """
+    if len(text) > max_chars:
+        raise InvalidRequest(f"{what} is {len(text)} characters; at most {max_chars} are allowed")
+
+
 @dataclass(frozen=True)
 class SearchRequest:
     """One search. ``None`` options take the configured default when resolved.
@@ -61,8 +73,7 @@ class SearchRequest:
         query, k = self.query, self.k
         if not isinstance(query, str) or not query.strip():
             raise InvalidRequest("query is empty")
-        if len(query) > max_query_chars:
-            raise InvalidRequest(f"query is {len(query)} characters; at most {max_query_chars} are allowed")
+        check_length(query, max_query_chars)
         if not 1 <= k <= max_k:
             raise InvalidRequest(f"top_k must be in [1, {max_k}], got {k}")
         stages = default_stages if self.stages is None else tuple(self.stages)

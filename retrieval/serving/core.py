@@ -1,11 +1,12 @@
 """The service core that both front doors call: gRPC (:mod:`retrieval.serving.grpc_service`) and HTTP
-(:mod:`retrieval.serving.http`).
+(:mod:`retrieval.serving.http`). Its answers are built by :mod:`retrieval.serving.answers`.
 
 A door turns its request into a :class:`Caller` (the API key it carried and its deadline) and a proto message,
 then calls one method here; every check lives here once: authentication, tenant authorization, admission control
 (separate read and write budgets), deadlines, the pipeline and the writer, the span and the metrics of the
 call. The door only translates: its wire format in, proto messages out, our errors (:mod:`retrieval.errors`) to
-its own status codes through :func:`status_for` (the gRPC code; HTTP maps that code to an HTTP status).
+its own status codes through :func:`~retrieval.serving.status.status_for` (the gRPC code; HTTP maps that code to an
+HTTP status).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,12 +24,10 @@ import numpy as np
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Span, SpanKind, Tracer
 
-from index_builder.documents.corpus import MAX_ID_CHARS, check_tenant, lone_surrogate, without_surrogates
+from index_builder.documents.corpus import MAX_ID_CHARS, check_tenant
 from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import (
-    BackendError,
-    BackendTimeout,
     BackendUnavailable,
     DeadlineExceeded,
     IndexNotReady,
@@ -43,55 +41,23 @@ from retrieval.live.store import MAX_BATCH, MAX_BATCH_BYTES, DocumentPage, Write
 from retrieval.observability.tracing import NO_TRACER, set_error
 from retrieval.search.filters import Filter
 from retrieval.search.pipeline import Pipeline
-from retrieval.search.request import SearchRequest
-from retrieval.search.results import SearchResult
+from retrieval.search.request import SearchRequest, check_length
+from retrieval.serving.answers import (
+    MAX_ANSWER_BYTES,
+    MAX_MESSAGE_BYTES_DEFAULT,
+    document_info,
+    stats_message,
+    to_response,
+    unwire,
+    wire,
+)
 from retrieval.serving.auth import ALL_TENANTS, API_KEY_HEADER
 from retrieval.serving.metrics import ServiceMetrics
+from retrieval.serving.status import status_for
 
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Retriever"].full_name
-
-_STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
-    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
-    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
-    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
-    (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (IndexNotReady, grpc.StatusCode.UNAVAILABLE),
-    (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (BackendTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (BackendUnavailable, grpc.StatusCode.UNAVAILABLE),
-    (BackendError, grpc.StatusCode.FAILED_PRECONDITION),  # the backend refused the request (4xx): config or model
-    (NotImplementedError, grpc.StatusCode.UNIMPLEMENTED),
-)
-
-
-def status_for(exc: BaseException) -> grpc.StatusCode:
-    """The one mapping from our errors to status codes (gRPC's; the HTTP door maps these on); anything else is a
-    bug: INTERNAL."""
-    for cls, code in _STATUS:
-        if isinstance(exc, cls):
-            return code
-    return grpc.StatusCode.INTERNAL
-
-
-MAX_MESSAGE_BYTES = 1000
-
-
-def caller_message(message: str) -> str:
-    """An error's message as both doors send it: cut to 1,000 bytes of UTF-8. gRPC percent-encodes non-ASCII
-    details (up to 3x) and a client refuses trailing metadata over 8-16 KiB, so a message quoting a huge bad value
-    would otherwise arrive as RESOURCE_EXHAUSTED ("metadata size exceeds hard limit") instead of its own code; over
-    HTTP a 16 MiB wrong-typed value was sent back whole in the 400.
-
-    >>> len(caller_message("x" * 5000).encode()), caller_message("ok")
-    (1003, 'ok')
-    """
-    raw = message.encode("utf-8", "replace")
-    if len(raw) <= MAX_MESSAGE_BYTES:
-        return message
-    return raw[:MAX_MESSAGE_BYTES].decode("utf-8", errors="ignore") + "..."
-
 
 class CallerGone(Exception):
     """The caller went away (an HTTP client disconnected): its work was cancelled, nobody reads the answer."""
@@ -180,143 +146,6 @@ class ServiceState:
         self.metrics = ServiceMetrics(lambda: {"in_flight": self.in_flight, "pipeline": self.pipeline})
 
 
-def _stage_ranks(result: SearchResult, docs: list[int]) -> dict[int, list[pb.StageScore]]:
-    """Each returned document's rank and score in every stage's list (one pass over each list)."""
-    wanted = set(docs)
-    out: dict[int, list[pb.StageScore]] = {d: [] for d in docs}
-    for stage, hits in result.stages.items():
-        seen: set[int] = set()
-        for i, (d, score) in enumerate(zip(hits.doc.tolist(), hits.scores.tolist(), strict=True)):
-            if d in wanted and d not in seen:  # the first (best) place of the document in this stage
-                seen.add(d)
-                out[d].append(pb.StageScore(stage=stage, rank=i + 1, score=float(score)))
-    return out
-
-
-def wire(s: str) -> str:
-    r"""A stored name (an id, a tenant, a metadata key or value) as a protobuf string field takes it: one that
-    somehow holds a lone surrogate (a snapshot or store row written before names were checked, or by another tool)
-    has it escaped as ``\udce9``, visible and distinct, rather than failing the whole answer.
-
-    >>> wire("caf\udce9"), wire("café")
-    ('caf\\udce9', 'café')
-    """
-    return s if lone_surrogate(s) < 0 else s.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-_ESCAPED_BYTE = re.compile(r"\\udc([89a-f][0-9a-f])")
-
-
-def unwire(after: str) -> str:
-    r"""A listing cursor as given back: an id listed with :func:`wire`'s escapes of bytes that are not UTF-8
-    (``\udc80``-``\udcff``, what the store reads them as) is that id again, so paging moves past it instead of
-    listing it again (an id that really holds the text ``\udce9`` would be read as the byte: at worst a few ids
-    sharing its prefix are skipped).
-
-    >>> unwire("store-caf\\udce9") == "store-caf\udce9", unwire("plain")
-    (True, 'plain')
-    """
-    if "\\udc" not in after:
-        return after
-    return _ESCAPED_BYTE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), after)
-
-
-def _passage(doc: Document, c: int, score: float, text: str, stages: list[pb.StageScore],
-             highlights: Sequence[Any]) -> pb.Passage:
-    def build(doc_id: str, title: str, text: str, tenant: str, metadata: dict[str, str]) -> pb.Passage:
-        return pb.Passage(doc_id=doc_id, chunk_id=c, title=title, text=text, score=score, stages=stages, tenant=tenant,
-                          metadata=metadata,
-                          highlights=[pb.Highlight(start=h.start, end=h.end, text=text[h.start:h.end], score=h.score)
-                                      for h in highlights])
-    metadata = {k: str(v) for k, v in doc.metadata.items()}
-    try:
-        return build(doc.id, doc.title, text, doc.tenant, metadata)
-    except UnicodeEncodeError:  # a lone surrogate somewhere (see wire): escaped, U+FFFD in text (offsets hold)
-        return build(wire(doc.id), without_surrogates(doc.title), without_surrogates(text), wire(doc.tenant),
-                     {wire(k): wire(v) for k, v in metadata.items()})
-
-
-MAX_MESSAGE_BYTES_DEFAULT = 16 * 2**20  # [server] max_message_mb's default
-# The most an answer may be serialized: gRPC's default receive limit, the one every client has unless it raises it
-# (Python, Go, Java, grpcurl: 4 MiB), and never over [server] max_message_mb. A larger answer is refused by the
-# client itself with RESOURCE_EXHAUSTED; HTTP bodies get the same bound.
-MAX_ANSWER_BYTES = 4 * 2**20
-# What an answer leaves for the gRPC frame and a Generate event's wrapper, below the limit.
-MESSAGE_HEADROOM = 64 * 2**10
-
-
-def fit_response(response: pb.RetrieveResponse, limit: int) -> pb.RetrieveResponse:
-    """``response`` within ``limit`` bytes serialized (:data:`MAX_ANSWER_BYTES`: past it gRPC fails the call with
-    RESOURCE_EXHAUSTED, a code that means overload, and HTTP sent 18 MB bodies): when it is over, the passages'
-    texts are cut, the longest first, to a common size in bytes that fits (water-filling: a short passage keeps its
-    whole text), each cut one marked ``truncated`` with its full ``text_chars``, and its highlights past the cut
-    dropped. InvalidRequest naming the limit when even the answer without its texts does not fit (many passages
-    with large titles and metadata): fewer passages (``top_k``) would."""
-    budget = limit - MESSAGE_HEADROOM
-    size = response.ByteSize()
-    if size <= budget:
-        return response
-    raw = [p.text.encode("utf-8") for p in response.passages]
-    available = budget - (size - sum(len(b) for b in raw))
-    n = len(raw)
-    if available <= 64 * n:
-        raise InvalidRequest(f"the answer would be {size} bytes, over the limit of {limit} bytes on an answer "
-                             f"(gRPC clients' default receive limit) even with its passages' texts cut: ask for fewer "
-                             f"passages than {n} (top_k)")
-    cap, left = 0, available
-    for i, b in enumerate(sorted(len(r) for r in raw)):
-        if b * (n - i) > left:
-            cap = left // (n - i)
-            break
-        left -= b
-    for p, b in zip(response.passages, raw, strict=True):
-        if len(b) <= cap:
-            continue
-        full = len(p.text)
-        text = b[:cap].decode("utf-8", errors="ignore")  # at a character boundary
-        kept = [h for h in p.highlights if h.end <= len(text)]
-        p.text, p.truncated, p.text_chars = text, True, full
-        del p.highlights[:]
-        p.highlights.extend(kept)
-    return response
-
-
-def to_response(pipeline: Pipeline, result: SearchResult, request_id: str,
-                max_bytes: int = MAX_ANSWER_BYTES) -> pb.RetrieveResponse:
-    """The answer's message, within ``max_bytes`` serialized (:func:`fit_response`)."""
-    index = result.index  # the generation that served the request (a swap may have happened since)
-    passages = []
-    docs = result.hits.doc.tolist()
-    ranks = _stage_ranks(result, docs)
-    for d, s, c in zip(docs, result.hits.scores.tolist(), result.hits.chunk.tolist(), strict=True):
-        passages.append(_passage(index.documents[d], int(c), float(s), index.passage(int(c)), ranks[d],
-                                 result.highlights.get(c, ())))
-    return fit_response(pb.RetrieveResponse(
-        passages=passages, timings_ms={k: float(v) for k, v in result.timings_ms.items()},
-        stages_run=[s for s in result.stages if s != "fused"],
-        skipped=[pb.SkippedStage(stage=k, reason=v) for k, v in result.skipped.items()],
-        degraded=result.degraded, index_generation=result.generation, request_id=request_id,
-        cache_hit=result.cache_hit, cache_similarity=result.cache_similarity), max_bytes)
-
-
-def document_info(doc_id: str, tenant: str, title: str, metadata: dict[str, str], seq: int) -> pb.DocumentInfo:
-    """A listed document as its message (a stored name that somehow holds a lone surrogate escaped: :func:`wire`)."""
-    try:
-        return pb.DocumentInfo(id=doc_id, tenant=tenant, title=title, metadata=metadata, sequence=seq)
-    except UnicodeEncodeError:
-        return pb.DocumentInfo(id=wire(doc_id), tenant=wire(tenant), title=without_surrogates(title),
-                               metadata={wire(k): wire(v) for k, v in metadata.items()}, sequence=seq)
-
-
-def stats_message(event: Stats) -> pb.GenerateStats:
-    return pb.GenerateStats(
-        retrieval_ms=event.retrieval_ms, time_to_first_token_ms=event.time_to_first_token_ms,
-        generation_ms=event.generation_ms, tokens_in=event.tokens_in, tokens_out=event.tokens_out,
-        model=event.model, cache_hit=event.cache_hit, route=event.route,
-        passages_in_prompt=event.passages_in_prompt, context_truncated=event.context_truncated,
-        finish_reason=event.finish_reason)
-
-
 MAX_EMBED_INPUTS = 256  # texts in one embeddings call (each bounded like a query)
 
 
@@ -391,7 +220,9 @@ class ServiceCore:
 
     def search_request(self, request: pb.RetrieveRequest, pipeline: Pipeline, deadline: float | None,
                        default_k: int = 10) -> SearchRequest:
-        """The typed, validated request of a RetrieveRequest (0 = default for every number)."""
+        """The typed request of a RetrieveRequest (0 = default for every number), checked for what only the proto
+        form can get wrong (a negative number); whoever runs it resolves it, once (:meth:`Pipeline.resolve`: the
+        configured defaults and every bound)."""
         opts = request.options
         for name in ("candidates", "li_top_k", "ce_top_k"):
             if getattr(opts, name) < 0:
@@ -399,11 +230,11 @@ class ServiceCore:
         if request.top_k < 0:
             raise InvalidRequest(f"top_k must be in [1, {pipeline.config.first_stage.max_k}] (0 = default), "
                                  f"got {request.top_k}")
-        return pipeline.resolve(SearchRequest(
+        return SearchRequest(
             request.query, request.top_k or default_k, Filter.of(request.tenant, dict(request.filters)),
             candidates=opts.candidates or None, stages=tuple(opts.stages) or None, li_top_k=opts.li_top_k or None,
             ce_top_k=opts.ce_top_k or None, deadline=deadline, use_cache=not request.bypass_cache,
-            highlights=request.highlights))
+            highlights=request.highlights)
 
     # ------------------------------------------------------------------ span and metrics
 
@@ -442,7 +273,7 @@ class ServiceCore:
             # may fire late on busy cores, and a late OK would then look like a met deadline)
             raise DeadlineExceeded("the call's deadline passed while it ran (its answer was dropped)")
         self.state.metrics.observe_search(result)
-        response = to_response(pipeline, result, request_id, self.max_answer_bytes)
+        response = to_response(result, request_id, self.max_answer_bytes)
         log.debug("request %s: %d passages, timings %s", request_id, len(response.passages), result.timings_ms,
                   extra={"request_id": request_id, "timings_ms": result.timings_ms})
         return response
@@ -460,6 +291,7 @@ class ServiceCore:
             search = self.search_request(r, pipeline, deadline,
                                          default_k=setup.generator.config.passages if setup else 10)
             if setup is None:
+                pipeline.resolve(search)  # a bad request is still a 400 where no generator is set up
                 raise BackendUnavailable(self.state.generation_error)
             generator = setup.generator
             if request.max_tokens < 0:
@@ -473,7 +305,7 @@ class ServiceCore:
                         yield pb.GenerateResponse(token=event.text)
                     elif isinstance(event, Passages):
                         self.state.metrics.observe_search(event.result)
-                        yield pb.GenerateResponse(passages=to_response(pipeline, event.result, request_id,
+                        yield pb.GenerateResponse(passages=to_response(event.result, request_id,
                                                                                self.max_answer_bytes))
                         llm_span = self.state.tracer.start_span("hybridrag.llm", context=otel_context.get_current())
                     elif isinstance(event, Stats):
@@ -612,8 +444,7 @@ class ServiceCore:
             pipeline = self.pipeline()
             limit = pipeline.config.first_stage.max_query_chars
             for i, t in enumerate(texts):
-                if len(t) > limit:
-                    raise InvalidRequest(f"input {i} is {len(t)} characters; at most {limit} are allowed")
+                check_length(t, limit, f"input {i}")
             return await pipeline.embed_texts_async(texts)
 
     async def rerank(self, caller: Caller, query: str, texts: list[str], stage: str) -> tuple[str, np.ndarray]:
@@ -627,8 +458,7 @@ class ServiceCore:
         with self.admitted(caller):
             pipeline = self.pipeline()
             limit = pipeline.config.first_stage.max_query_chars
-            for i, t in enumerate([query, *texts]):
-                if len(t) > limit:
-                    what = "query" if i == 0 else f"document {i - 1}"
-                    raise InvalidRequest(f"{what} is {len(t)} characters; at most {limit} are allowed")
+            check_length(query, limit)
+            for i, t in enumerate(texts):
+                check_length(t, limit, f"document {i}")
             return await pipeline.rerank_texts_async(query, texts, stage)

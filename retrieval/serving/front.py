@@ -62,7 +62,7 @@ def _refusal(kind: str, limit: int) -> str:
 
 
 def _http_error(status: int, grpc_status: str, message: str, error_type: str) -> str:
-    """The service's JSON error (retrieval/serving/http_common.py ``error_body``), quoted for nginx's ``return``."""
+    """The service's JSON error (retrieval/serving/http/errors.py ``error_body``), quoted for nginx's ``return``."""
     body = json.dumps({"error": {"code": status, "status": grpc_status, "message": message, "type": error_type},
                        "request_id": ""}, separators=(",", ":"))
     return "'" + body.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -87,6 +87,80 @@ def _location(pattern: str, budget: str, reads: int, writes: int, refused: str, 
             f"      error_page {upstream_codes} = @{unavailable};", f"      {pass_to};", "    }"]
 
 
+def _grpc_server(config: FrontConfig) -> list[str]:
+    """The gRPC listener: the reads' and writes' paths under their budgets, a refusal as a trailers-only response."""
+    reads, writes = config.max_in_flight, config.max_writes_in_flight
+    grpc_pass = "grpc_pass grpc://hybridrag_grpc"
+    lines = [
+        *_upstream("hybridrag_grpc", config.grpc_backends),
+        "  server {",
+        f"    listen {config.host}:{config.port} http2;",
+        "    http2_max_concurrent_streams 1024;",
+        f"    grpc_read_timeout {config.stream_timeout_s}s;",
+        f"    grpc_send_timeout {config.stream_timeout_s}s;",
+        *_location(f"/{re.escape(SERVICE)}/({'|'.join(GRPC_READS)})", "read", reads, writes, "grpc_exhausted",
+                   "grpc_unavailable", "502 503 504", grpc_pass),
+        *_location(f"/{re.escape(SERVICE)}/({'|'.join(GRPC_WRITES)})", "write", reads, writes, "grpc_exhausted",
+                   "grpc_unavailable", "502 503 504", grpc_pass),
+        "    location / {",
+        "      error_page 502 503 504 = @grpc_unavailable;",
+        f"      {grpc_pass};",
+        "    }",
+    ]
+    # A gRPC status without a message body: a trailers-only response (HTTP/2 headers that end the stream).
+    for name, status, message in (("grpc_exhausted_read", 8, _refusal("read", reads)),
+                                  ("grpc_exhausted_write", 8, _refusal("write", writes)),
+                                  ("grpc_unavailable", 14, "no hybridrag replica answered the front")):
+        lines += [f"    location @{name} {{",
+                  "      default_type application/grpc;",
+                  f"      add_header grpc-status {status} always;",
+                  f'      add_header grpc-message "{message}" always;',
+                  "      return 204;",
+                  "    }"]
+    lines.append("  }")
+    return lines
+
+
+def _http_server(config: FrontConfig) -> list[str]:
+    """The HTTP listener: the same budgets by path (``/v1/documents`` by method), a refusal as the service's JSON
+    error."""
+    reads, writes = config.max_in_flight, config.max_writes_in_flight
+    http_pass = "proxy_pass http://hybridrag_http"
+    lines = [
+        *_upstream("hybridrag_http", config.http_backends),
+        "  server {",
+        f"    listen {config.host}:{config.http_port};",
+        "    proxy_http_version 1.1;",
+        '    proxy_set_header Connection "";',
+        "    proxy_set_header Host $http_host;",
+        "    proxy_buffering off;   # SSE: each event as the replica writes it",
+        "    proxy_request_buffering off;",
+        f"    proxy_read_timeout {config.stream_timeout_s}s;",
+        f"    proxy_send_timeout {config.stream_timeout_s}s;",
+        *_location(f"({'|'.join(re.escape(p) for p in HTTP_READS)})", "read", reads, writes, "http_exhausted",
+                   "http_unavailable", "502 504", http_pass),
+        *_location(f"({'|'.join(re.escape(p) for p in HTTP_WRITES)})", "write", reads, writes, "http_exhausted",
+                   "http_unavailable", "502 504", http_pass),
+        *_location(re.escape(HTTP_DOCUMENTS), "$hybridrag_documents_budget", reads, writes, "http_exhausted",
+                   "http_unavailable", "502 504", http_pass),
+        "    location / {",
+        "      error_page 502 504 = @http_unavailable;",
+        f"      {http_pass};",
+        "    }",
+    ]
+    for name, status, grpc_status, message, error_type in (
+            ("http_exhausted_read", 429, "RESOURCE_EXHAUSTED", _refusal("read", reads), "rate_limit_error"),
+            ("http_exhausted_write", 429, "RESOURCE_EXHAUSTED", _refusal("write", writes), "rate_limit_error"),
+            ("http_unavailable", 503, "UNAVAILABLE", "no hybridrag replica answered the front", "server_error")):
+        lines += [f"    location @{name} {{",
+                  "      default_type application/json;",
+                  *(["      add_header retry-after 1 always;"] if status == 429 else []),
+                  f"      return {status} {_http_error(status, grpc_status, message, error_type)};",
+                  "    }"]
+    lines.append("  }")
+    return lines
+
+
 def render(config: FrontConfig, workdir: Path) -> str:
     """The nginx configuration of the front (temporary files and the pid under ``workdir``).
 
@@ -94,8 +168,6 @@ def render(config: FrontConfig, workdir: Path) -> str:
     >>> "limit_conn hybridrag_reads 32;" in conf and "server 10.0.0.2:50051;" in conf and "least_conn;" in conf
     True
     """
-    reads, writes = config.max_in_flight, config.max_writes_in_flight
-    grpc_pass, http_pass = "grpc_pass grpc://hybridrag_grpc", "proxy_pass http://hybridrag_http"
     lines = [
         "# hybridrag front (retrieval/serving/front.py): made by `hybridrag front`; edit the [front] config instead",
         "daemon off;",
@@ -126,65 +198,10 @@ def render(config: FrontConfig, workdir: Path) -> str:
         f"  client_body_timeout {config.body_timeout_s}s;",
         f"  send_timeout {config.send_timeout_s}s;",
         f"  keepalive_timeout {config.keepalive_timeout_s}s;",
-        *_upstream("hybridrag_grpc", config.grpc_backends),
-        "  server {",
-        f"    listen {config.host}:{config.port} http2;",
-        "    http2_max_concurrent_streams 1024;",
-        f"    grpc_read_timeout {config.stream_timeout_s}s;",
-        f"    grpc_send_timeout {config.stream_timeout_s}s;",
-        *_location(f"/{re.escape(SERVICE)}/({'|'.join(GRPC_READS)})", "read", reads, writes, "grpc_exhausted",
-                   "grpc_unavailable", "502 503 504", grpc_pass),
-        *_location(f"/{re.escape(SERVICE)}/({'|'.join(GRPC_WRITES)})", "write", reads, writes, "grpc_exhausted",
-                   "grpc_unavailable", "502 503 504", grpc_pass),
-        "    location / {",
-        "      error_page 502 503 504 = @grpc_unavailable;",
-        f"      {grpc_pass};",
-        "    }",
+        *_grpc_server(config),
     ]
-    # A gRPC status without a message body: a trailers-only response (HTTP/2 headers that end the stream).
-    for name, status, message in (("grpc_exhausted_read", 8, _refusal("read", reads)),
-                                  ("grpc_exhausted_write", 8, _refusal("write", writes)),
-                                  ("grpc_unavailable", 14, "no hybridrag replica answered the front")):
-        lines += [f"    location @{name} {{",
-                  "      default_type application/grpc;",
-                  f"      add_header grpc-status {status} always;",
-                  f'      add_header grpc-message "{message}" always;',
-                  "      return 204;",
-                  "    }"]
-    lines.append("  }")
     if config.http_port != -1:
-        lines += [
-            *_upstream("hybridrag_http", config.http_backends),
-            "  server {",
-            f"    listen {config.host}:{config.http_port};",
-            "    proxy_http_version 1.1;",
-            '    proxy_set_header Connection "";',
-            "    proxy_set_header Host $http_host;",
-            "    proxy_buffering off;   # SSE: each event as the replica writes it",
-            "    proxy_request_buffering off;",
-            f"    proxy_read_timeout {config.stream_timeout_s}s;",
-            f"    proxy_send_timeout {config.stream_timeout_s}s;",
-            *_location(f"({'|'.join(re.escape(p) for p in HTTP_READS)})", "read", reads, writes, "http_exhausted",
-                       "http_unavailable", "502 504", http_pass),
-            *_location(f"({'|'.join(re.escape(p) for p in HTTP_WRITES)})", "write", reads, writes, "http_exhausted",
-                       "http_unavailable", "502 504", http_pass),
-            *_location(re.escape(HTTP_DOCUMENTS), "$hybridrag_documents_budget", reads, writes, "http_exhausted",
-                       "http_unavailable", "502 504", http_pass),
-            "    location / {",
-            "      error_page 502 504 = @http_unavailable;",
-            f"      {http_pass};",
-            "    }",
-        ]
-        for name, status, grpc_status, message, error_type in (
-                ("http_exhausted_read", 429, "RESOURCE_EXHAUSTED", _refusal("read", reads), "rate_limit_error"),
-                ("http_exhausted_write", 429, "RESOURCE_EXHAUSTED", _refusal("write", writes), "rate_limit_error"),
-                ("http_unavailable", 503, "UNAVAILABLE", "no hybridrag replica answered the front", "server_error")):
-            lines += [f"    location @{name} {{",
-                      "      default_type application/json;",
-                      *(["      add_header retry-after 1 always;"] if status == 429 else []),
-                      f"      return {status} {_http_error(status, grpc_status, message, error_type)};",
-                      "    }"]
-        lines.append("  }")
+        lines += _http_server(config)
     lines.append("}")
     return "\n".join(lines) + "\n"
 

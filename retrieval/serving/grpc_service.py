@@ -3,7 +3,7 @@
 The handlers are thin: each reads the caller (API key, deadline) off the gRPC context and calls the transport-neutral
 core (:mod:`retrieval.serving.core`: checks, admission, the pipeline, the span and the metrics), which the HTTP door
 (:mod:`retrieval.serving.http`) calls too; every unary handler goes through one wrapper (``_unary``), and errors
-are mapped to status codes in one place (:func:`~retrieval.serving.core.status_for`). :func:`start_grpc` starts
+are mapped to status codes in one place (:func:`~retrieval.serving.status.status_for`). :func:`start_grpc` starts
 this door over a core; :mod:`retrieval.serving.server` starts it beside the HTTP door and the metrics port.
 """
 
@@ -24,10 +24,9 @@ from index_builder.errors import ConfigError
 from retrieval.api import retriever_pb2 as pb
 from retrieval.api import retriever_pb2_grpc as pb_grpc
 from retrieval.errors import InvalidRequest
-from retrieval.observability.logs import JsonLogFormatter  # noqa: F401  (re-exported for hybridrag/cli.py)
-from retrieval.serving.auth import load_api_keys  # noqa: F401  (re-exported for hybridrag/cli.py)
-from retrieval.serving.core import SERVICE, Caller, ServiceCore, caller_message, status_for
+from retrieval.serving.core import SERVICE, Caller, ServiceCore
 from retrieval.serving.settings import ServerConfig
+from retrieval.serving.status import caller_message, status_for
 
 log = logging.getLogger(__name__)
 

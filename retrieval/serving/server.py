@@ -3,7 +3,7 @@
 The core (:class:`~retrieval.serving.core.ServiceCore` over a :class:`~retrieval.serving.core.ServiceState`: the
 pipeline, the writer, the generator, the API keys, the admission counters and the metrics) is made here, once;
 the doors are siblings over it, neither knowing the other: gRPC (:func:`retrieval.serving.grpc_service.start_grpc`),
-HTTP when ``[http] port`` is set (:func:`retrieval.serving.http.start_http`, on the same event loop), and the
+HTTP when ``[http] port`` is set (:func:`retrieval.serving.http.app.start_http`, on the same event loop), and the
 Prometheus port (``[metrics]``). So a process has one set of in-flight counters, caches, batchers and metrics
 whichever door a call used, and :meth:`RunningServer.stop` drains both doors together.
 
@@ -27,7 +27,7 @@ from retrieval.search.pipeline import Pipeline
 from retrieval.serving.auth import load_api_keys
 from retrieval.serving.core import ServiceCore, ServiceState, Writer
 from retrieval.serving.grpc_service import RunningGrpc, start_grpc
-from retrieval.serving.http import RunningHttp, start_http
+from retrieval.serving.http.app import RunningHttp, start_http
 from retrieval.serving.settings import HttpConfig, MetricsConfig, ServerConfig
 
 

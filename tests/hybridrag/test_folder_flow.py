@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from retrieval.serving.client import ClientOptions, RetrieverClient
+from retrieval.client import ClientOptions, RetrieverClient
 from tests.helpers import REPO, ServeProcess
 from tests.index_builder.test_folder import make_folder
 

@@ -19,7 +19,7 @@ import pytest
 
 from hybridrag.cli import main
 from retrieval.api import retriever_pb2 as pb
-from retrieval.serving.client import ClientOptions, RetrieverClient
+from retrieval.client import ClientOptions, RetrieverClient
 from tests.helpers import REPO, ServeProcess
 from tests.index_builder.test_folder import sample_passages
 

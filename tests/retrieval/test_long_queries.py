@@ -11,11 +11,11 @@ import grpc
 import pytest
 
 from hybridrag.cli import main
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.config import ServerConfig
 from retrieval.evaluate import build_ood_set, evaluate, judged_queries, load_qrels
 from retrieval.generation.prompt import ContextPassage, build_prompt, make_counter
 from retrieval.search.pipeline import Pipeline
-from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.serving.server import BackgroundServer
 from tests.helpers import SAMPLE
 

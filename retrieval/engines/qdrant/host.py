@@ -10,7 +10,7 @@ server: one process, requests serialised under one lock, exact (brute-force) sea
 sharding, replication or authentication. In production, point ``[backend] location`` at Qdrant itself.
 
 It is more than a test helper (``bench`` runs the REST backend through it, docs/results/scale-out.md measured it),
-so it is held to the HTTP door's rules (:mod:`retrieval.serving.http_guard`, whose checks it reuses), because it
+so it is held to the HTTP door's rules (:mod:`retrieval.serving.http.guard`, whose checks it reuses), because it
 has no key and a browser on the same machine can reach a loopback port:
 
 - **Host**: a ``Host`` that is not an IP address, ``localhost`` or a name given with ``--allowed-host`` gets 403
@@ -20,7 +20,7 @@ has no key and a browser on the same machine can reach a loopback port:
 - **Content type**: a body must be ``application/json`` (UTF-8), else 415: an HTML form or a ``no-cors`` fetch
   cannot send that type without a preflight, which the Origin rule refuses.
 - **Size and time**: a body over ``max_body_mb`` gets 413; the HTTP door's slow-client timeouts (headers, body
-  rate, a stalled reader, idle keep-alive: :mod:`retrieval.serving.http_timeouts`); at most ``max_connections``
+  rate, a stalled reader, idle keep-alive: :mod:`retrieval.serving.http.timeouts`); at most ``max_connections``
   connections and requests at once (503 past it). Connections live on one asyncio loop (uvicorn), so a silent
   one costs a socket, not a thread; the engine's work runs on one worker thread (the local engine is not
   thread-safe, so requests are serialised as before).
@@ -49,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from retrieval.serving.http_guard import (
+from retrieval.serving.http.guard import (
     BODY_METHODS,
     DEFAULT_CSP,
     LOOPBACK_NAMES,
@@ -58,7 +58,7 @@ from retrieval.serving.http_guard import (
     _hostport,
     is_loopback,
 )
-from retrieval.serving.http_timeouts import ConnectionTimeouts, protocol_class
+from retrieval.serving.http.timeouts import ConnectionTimeouts, server_config
 
 log = logging.getLogger(__name__)
 
@@ -303,9 +303,9 @@ def serve_host(location: str, host: str = "127.0.0.1", port: int = 6333, limits:
     app = EngineApp(engine, limits)
     timeouts = ConnectionTimeouts(header_timeout_s=limits.header_timeout_s, body_timeout_s=limits.body_timeout_s,
                                   body_min_rate=limits.body_min_rate, send_timeout_s=limits.send_timeout_s)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", ws="none",
-                                           http=protocol_class(timeouts), timeout_keep_alive=limits.keepalive_timeout_s,
-                                           limit_concurrency=limits.max_connections))
+    server = uvicorn.Server(server_config(app, timeouts, log_level="warning", access_log=False, lifespan="off", ws="none",
+                                          timeout_keep_alive=limits.keepalive_timeout_s,
+                                          limit_concurrency=limits.max_connections))
     log.info("engine host on http://%s:%d over %s", host, port, location)
     print(f"engine host listening on http://{host}:{port} ({location})", flush=True)
     try:

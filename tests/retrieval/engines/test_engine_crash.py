@@ -21,9 +21,9 @@ import pytest
 
 from index_builder.snapshot.format import load_snapshot
 from retrieval.api import retriever_pb2 as pb
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.engines.qdrant.engine import QdrantEngine
 from retrieval.engines.settings import EngineConfig
-from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from tests.helpers import ServeProcess
 
 PER_BATCH = 3

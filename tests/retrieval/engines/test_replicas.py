@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from retrieval.api import retriever_pb2 as pb
-from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from tests.helpers import RedisServer, ServeProcess
 
 REDIS = shutil.which("redis-server")

@@ -13,6 +13,7 @@ import shutil
 import grpc
 import pytest
 
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.config import ServerConfig
 from retrieval.generation.backend import BackendConfig, GenerationConfig
 from retrieval.generation.embedded import EmbeddedLLMConfig, EmbeddedLLMServer, bundled_gguf
@@ -21,7 +22,6 @@ from retrieval.search.filters import Filter
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache, SemanticCacheConfig
 from retrieval.search.shared_cache import SharedCache
-from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.serving.server import BackgroundServer
 from tests.helpers import RedisServer
 

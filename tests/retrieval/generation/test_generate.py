@@ -18,6 +18,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from retrieval.api import retriever_pb2 as pb
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.config import ServerConfig
 from retrieval.generation.backend import BackendConfig, GenerationConfig, RoutingConfig
 from retrieval.generation.embedded import EmbeddedLLMConfig, EmbeddedLLMServer, bundled_gguf, free_port
@@ -26,9 +27,8 @@ from retrieval.generation.prompt import ContextPassage, build_prompt, make_count
 from retrieval.observability.tracing import TracingConfig, make_tracing
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache
-from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
-from retrieval.serving.http import HttpConfig
 from retrieval.serving.server import BackgroundServer
+from retrieval.serving.settings import HttpConfig
 from tests.helpers import ServeProcess
 
 pytestmark = pytest.mark.slow  # a real llama.cpp server generates for every test here

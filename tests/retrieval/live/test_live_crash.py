@@ -14,8 +14,8 @@ import pytest
 
 from hybridrag.cli import main as cli
 from retrieval.api import retriever_pb2 as pb
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.live.store import DocumentStore
-from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from tests.helpers import REPO, ServeProcess
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.config import ServerConfig
 from retrieval.search.pipeline import Pipeline
-from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
-from retrieval.serving.http import HttpConfig
 from retrieval.serving.server import BackgroundServer
+from retrieval.serving.settings import HttpConfig
 
 QUERY = "How far does light travel in one year?"
 ANSWER = ("A light-year is a unit of length, not of time: it is the distance that light travels in a vacuum during "

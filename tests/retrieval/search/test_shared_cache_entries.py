@@ -277,7 +277,7 @@ def served(replica):
                                   "metadata_a_list", "title_a_number",
                                   "another_tenants_document", "kind_not_registered"])
 def test_a_served_retrieve_over_a_bad_entry_answers_ok(replica, redis_server, served, name):
-    from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
+    from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 
     with RetrieverClient(served.target, ClientOptions(retry=RetryPolicy(attempts=1), timeout=60)) as c:
         cache = _fresh(replica)

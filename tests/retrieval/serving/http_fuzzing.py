@@ -36,7 +36,7 @@ from tests.retrieval.serving.fuzzing import MB
 
 FILL = b"@@FILL@@"
 MAX_BODY = 16 * MB  # [http] max_body_mb's default
-MAX_DEPTH = 32  # retrieval/serving/http_json.py: deeper bodies are refused
+MAX_DEPTH = 32  # retrieval/serving/http/body.py: deeper bodies are refused
 JSON_CT = "application/json"
 
 ROUTES: tuple[tuple[str, str], ...] = (

@@ -16,9 +16,9 @@ from index_builder.build.builder import build_snapshot
 from index_builder.documents import chunking
 from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.errors import InvalidRequest
-from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
-from retrieval.serving.core import MESSAGE_HEADROOM, fit_response
+from retrieval.serving.answers import MESSAGE_HEADROOM, fit_response
 from tests.helpers import ServeProcess
 
 LIMIT = 4 * 2**20  # gRPC clients' default receive limit (the server's max_message_mb is 16 MiB)

@@ -182,8 +182,8 @@ def test_the_front_cuts_off_slow_clients_and_serves_others(pipeline, tmp_path):
     request line, or a trickled body are closed on both doors while normal calls pass through; an idle keep-alive
     connection is closed after keepalive_timeout_s."""
     from retrieval.config import ServerConfig
-    from retrieval.serving.http import HttpConfig
     from retrieval.serving.server import BackgroundServer
+    from retrieval.serving.settings import HttpConfig
 
     with BackgroundServer(pipeline, ServerConfig(port=0), http=HttpConfig(port=0)) as server:
         grpc_port, http_port = _free_port(), _free_port()

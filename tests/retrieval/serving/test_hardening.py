@@ -17,6 +17,7 @@ import pytest
 from index_builder.models.token_encoders import EmbedderTokens
 from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
+from retrieval.client import AsyncRetrieverClient, ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.config import ServerConfig
 from retrieval.generation.backend import BackendConfig, GenerationConfig
 from retrieval.generation.embedded import free_port
@@ -27,7 +28,6 @@ from retrieval.search.filters import Filter, FilterIndex
 from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache, SemanticCacheConfig
-from retrieval.serving.client import AsyncRetrieverClient, ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.serving.server import BackgroundServer
 
 NO_RETRY = RetryPolicy(attempts=1)

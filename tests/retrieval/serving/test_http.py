@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from retrieval.api import retriever_pb2 as pb
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.config import ServerConfig
-from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
-from retrieval.serving.http import HttpConfig
 from retrieval.serving.server import BackgroundServer
+from retrieval.serving.settings import HttpConfig
 
 JSON = {"content-type": "application/json"}
 NO_RETRY = ClientOptions(retry=RetryPolicy(attempts=1), timeout=60)
@@ -70,11 +70,11 @@ def test_the_written_out_json_of_retrieve_is_json_formats(any_pipeline, sample_q
     """The door's fast RetrieveResponse -> JSON is exactly proto3's mapping (json_format), int64 rule included."""
     from google.protobuf import json_format
 
-    from retrieval.serving.core import to_response
-    from retrieval.serving.http_common import _numbers, retrieve_json
+    from retrieval.serving.answers import to_response
+    from retrieval.serving.http.convert import _numbers, retrieve_json
 
     for q in list(sample_queries.values())[:8]:
-        m = to_response(any_pipeline, any_pipeline.search(q, 10), "r" * 16)
+        m = to_response(any_pipeline.search(q, 10), "r" * 16)
         canonical = json_format.MessageToDict(m, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
         assert retrieve_json(m) == _numbers(canonical, m.DESCRIPTOR)
 
@@ -174,7 +174,7 @@ def test_admission_slots_are_shared_by_both_doors(pipeline, sample_queries):
     the limit get 429 (HTTP) / RESOURCE_EXHAUSTED (gRPC) at once, with the same message."""
     import grpc
 
-    from retrieval.serving.client import AsyncRetrieverClient
+    from retrieval.client import AsyncRetrieverClient
 
     s = BackgroundServer(pipeline, ServerConfig(port=0, max_in_flight=2), http=HTTP)
     queries = list(sample_queries.values())

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from retrieval.config import ServerConfig
-from retrieval.serving.http import HttpConfig
 from retrieval.serving.server import BackgroundServer
+from retrieval.serving.settings import HttpConfig
 
 JSON = {"content-type": "application/json"}
 KEYS = {"key-acme": frozenset({"acme"}), "key-admin": frozenset({"*"})}
@@ -214,7 +214,7 @@ def test_malformed_input_is_a_400_that_names_the_field(keyless, caplog, route, r
 def test_a_nul_in_a_query_is_a_character_on_both_doors(keyless):
     """Decided: U+0000 in a query or a document's text is an ordinary character (the analyzer and the tokenizer
     treat it as a separator), on both doors; tenants, metadata keys and values refuse control characters."""
-    from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
+    from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 
     server, _ = keyless
     r = httpx.post(server.http_url + "/v1/retrieve", json={"query": "bees\x00 dance", "top_k": 3}, timeout=60)

@@ -10,11 +10,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.config import ServerConfig
 from retrieval.observability.tracing import TracingConfig, make_tracing
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCache
-from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.serving.metrics import MetricsConfig
 from retrieval.serving.server import BackgroundServer
 

@@ -16,9 +16,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from retrieval.api import retriever_pb2 as pb
 from retrieval.app import open_index
+from retrieval.client import AsyncRetrieverClient, ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.config import ServerConfig
 from retrieval.search.pipeline import Pipeline
-from retrieval.serving.client import AsyncRetrieverClient, ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.serving.core import SERVICE
 from retrieval.serving.server import BackgroundServer
 from tests.helpers import CE_MODEL

@@ -19,9 +19,9 @@ from hybridrag.cli import main
 from index_builder.build.builder import build_snapshot
 from index_builder.types import Document
 from retrieval.api import retriever_pb2 as pb
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.errors import InvalidRequest
 from retrieval.live.store import DocumentStore
-from retrieval.serving.client import ClientOptions, RetrieverClient, RetryPolicy
 from tests.helpers import SAMPLE, ServeProcess
 
 NO_RETRY = ClientOptions(retry=RetryPolicy(attempts=1), timeout=120)

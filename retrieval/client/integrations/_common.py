@@ -8,7 +8,7 @@ import weakref
 from typing import Any
 
 from retrieval.api import retriever_pb2 as pb
-from retrieval.serving.client import AsyncRetrieverClient, ClientOptions, RetrieverClient
+from retrieval.client.client import AsyncRetrieverClient, ClientOptions, RetrieverClient
 
 
 class Clients:

@@ -31,19 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import InvalidRequest
 from retrieval.serving.core import CallerGone
-from retrieval.serving.http_common import (
-    DisconnectAwareSSE,
-    HttpDoor,
-    error_body,
-    error_response,
-    error_spec,
-    model_spec,
-    parse_dict,
-    parse_model,
-    read_body,
-    to_json,
-    until_disconnect,
-)
+from retrieval.serving.http.body import read_body
+from retrieval.serving.http.convert import parse_dict, parse_model, to_json
+from retrieval.serving.http.door import DisconnectAwareSSE, EventFeed, HttpDoor, until_disconnect
+from retrieval.serving.http.errors import error_body, error_response
+from retrieval.serving.http.openapi import error_spec, model_spec
 
 MODEL_ID = "hybridrag"
 
@@ -155,7 +147,7 @@ def _usage(stats: pb.GenerateStats) -> dict[str, int]:
 
 
 def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
-    core = door.core
+    """The OpenAI-compatible routes and ``/v1/rerank`` (see the module docstring)."""
 
     @app.get("/v1/models", tags=["openai"], summary="The models (OpenAI list)", responses=error_spec())
     async def models() -> dict[str, Any]:
@@ -164,114 +156,135 @@ def add_openai_routes(app: FastAPI, door: HttpDoor) -> None:
     @app.post("/v1/chat/completions", tags=["openai"], openapi_extra=model_spec(ChatRequest), responses=error_spec(),
               summary="Retrieval-augmented chat completion (OpenAI-compatible; stream = SSE chunks)")
     async def chat(request: Request) -> Response:
-        request_id = uuid.uuid4().hex[:16]
-        created = int(time.time())
-        cid = f"chatcmpl-{request_id}"
-        try:
-            body = parse_model(await read_body(request), ChatRequest, "ChatRequest")
-            feed, first = await door.start_feed(request, generate_request(body), "ChatCompletions", request_id)
-        except CallerGone:
-            return Response(status_code=499)
-        except Exception as e:  # noqa: BLE001
-            return error_response(e, request_id)
-        passages = first.passages
-        cites = citations(passages)
-        ignored = sorted(body.model_extra or {})
-
-        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-            out = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": MODEL_ID,
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
-            return f"data: {json.dumps(out, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-        if body.stream:
-            include_usage = bool((body.stream_options or {}).get("include_usage"))
-
-            async def events() -> AsyncIterator[str]:
-                try:
-                    yield chunk({"role": "assistant", "content": ""}, citations=cites)
-                    while (item := await feed.next()) is not None:
-                        if isinstance(item, BaseException):
-                            yield f"data: {json.dumps(error_body(item, request_id)[1])}\n\n"
-                            return
-                        kind = item.WhichOneof("event")
-                        if kind == "token":
-                            yield chunk({"content": item.token})
-                        elif kind == "stats":
-                            yield chunk({}, _finish(item.stats),
-                                        hybridrag={"request_id": request_id, "stats": to_json(item.stats),
-                                                   "ignored": ignored})
-                            if include_usage:
-                                out = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                                       "model": MODEL_ID, "choices": [], "usage": _usage(item.stats)}
-                                yield f"data: {json.dumps(out)}\n\n"
-                    yield "data: [DONE]\n\n"
-                finally:
-                    await feed.close()
-
-            return DisconnectAwareSSE(events(), headers={"x-request-id": request_id, "cache-control": "no-cache"})
-
-        async def collect() -> tuple[str, pb.GenerateStats]:
-            parts: list[str] = []
-            stats = pb.GenerateStats()
-            while (item := await feed.next()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                if item.WhichOneof("event") == "token":
-                    parts.append(item.token)
-                elif item.WhichOneof("event") == "stats":
-                    stats = item.stats
-            return "".join(parts), stats
-
-        try:
-            text, stats = await until_disconnect(request, collect())
-        except CallerGone:
-            return Response(status_code=499)
-        except Exception as e:  # noqa: BLE001
-            return error_response(e, request_id)
-        finally:
-            await feed.close()
-        return JSONResponse({
-            "id": cid, "object": "chat.completion", "created": created, "model": MODEL_ID,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish(stats),
-                         "logprobs": None}],
-            "usage": _usage(stats), "citations": cites,
-            "hybridrag": {"request_id": request_id, "stats": to_json(stats), "passages": to_json(passages),
-                          "ignored": ignored}},
-            headers={"x-request-id": request_id})
+        return await _chat(door, request)
 
     @app.post("/v1/embeddings", tags=["openai"], openapi_extra=model_spec(EmbeddingsRequest), responses=error_spec(),
               summary="Embeddings of the configured embedder (OpenAI-compatible)")
     async def embeddings(request: Request) -> Response:
-        async def work(caller: Any, request_id: str) -> tuple[np.ndarray, EmbeddingsRequest, list[str]]:
-            body = parse_model(await read_body(request), EmbeddingsRequest, "EmbeddingsRequest")
-            texts = [body.input] if isinstance(body.input, str) else body.input
-            if any(not isinstance(t, str) for t in texts):
-                raise InvalidRequest("input must be a string or a list of strings (token ids are not accepted)")
-            strings = [t for t in texts if isinstance(t, str)]
-            vectors = await core.embed(caller, strings)
-            if body.dimensions is not None and body.dimensions != vectors.shape[1]:
-                raise InvalidRequest(f"dimensions must be {vectors.shape[1]} (the embedder's), got {body.dimensions}")
-            return vectors, body, strings
-
-        return await door.unary(request, "Embeddings", work,
-                                lambda result, rid: _embedding_list(result[0], result[1], result[2], core))
+        return await _embeddings(door, request)
 
     @app.post("/v1/rerank", tags=["openai"], openapi_extra=model_spec(RerankRequest), responses=error_spec(),
               summary="Score documents for a query with a reranking stage (Cohere-style)")
     async def rerank(request: Request) -> Response:
-        async def work(caller: Any, request_id: str) -> tuple[str, np.ndarray, RerankRequest, list[str]]:
-            body = parse_model(await read_body(request), RerankRequest, "RerankRequest")
-            texts = [d if isinstance(d, str) else d.text for d in body.documents]
-            return (*await core.rerank(caller, body.query, texts, body.stage), body, texts)
+        return await _rerank(door, request)
 
-        def answer(result: tuple[str, np.ndarray, RerankRequest, list[str]], request_id: str) -> dict[str, Any]:
-            stage, scores, body, texts = result
-            order = np.argsort(-scores, kind="stable")[: body.top_n or len(texts)]
-            results = [{"index": int(i), "relevance_score": float(scores[i]),
-                        **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order]
-            return {"id": request_id, "results": results, "meta": {"stage": stage}}
 
-        return await door.unary(request, "Rerank", work, answer)
+class _Chat:
+    """One chat completion's answer, streamed or whole, from the feed of its Generate."""
+
+    def __init__(self, feed: EventFeed, body: ChatRequest, request_id: str, passages: pb.RetrieveResponse,
+                 created: int) -> None:
+        self.feed, self.body, self.request_id, self.passages, self.created = feed, body, request_id, passages, created
+        self.cid = f"chatcmpl-{request_id}"
+        self.cites = citations(passages)
+        self.ignored = sorted(body.model_extra or {})
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+        out = {"id": self.cid, "object": "chat.completion.chunk", "created": self.created, "model": MODEL_ID,
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+        return f"data: {json.dumps(out, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+    async def events(self) -> AsyncIterator[str]:
+        include_usage = bool((self.body.stream_options or {}).get("include_usage"))
+        try:
+            yield self.chunk({"role": "assistant", "content": ""}, citations=self.cites)
+            while (item := await self.feed.next()) is not None:
+                if isinstance(item, BaseException):
+                    yield f"data: {json.dumps(error_body(item, self.request_id)[1])}\n\n"
+                    return
+                kind = item.WhichOneof("event")
+                if kind == "token":
+                    yield self.chunk({"content": item.token})
+                elif kind == "stats":
+                    yield self.chunk({}, _finish(item.stats), hybridrag={
+                        "request_id": self.request_id, "stats": to_json(item.stats), "ignored": self.ignored})
+                    if include_usage:
+                        out = {"id": self.cid, "object": "chat.completion.chunk", "created": self.created,
+                               "model": MODEL_ID, "choices": [], "usage": _usage(item.stats)}
+                        yield f"data: {json.dumps(out)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            await self.feed.close()
+
+    async def collect(self) -> tuple[str, pb.GenerateStats]:
+        parts: list[str] = []
+        stats = pb.GenerateStats()
+        while (item := await self.feed.next()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            if item.WhichOneof("event") == "token":
+                parts.append(item.token)
+            elif item.WhichOneof("event") == "stats":
+                stats = item.stats
+        return "".join(parts), stats
+
+    def whole(self, text: str, stats: pb.GenerateStats) -> JSONResponse:
+        return JSONResponse({
+            "id": self.cid, "object": "chat.completion", "created": self.created, "model": MODEL_ID,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish(stats),
+                         "logprobs": None}],
+            "usage": _usage(stats), "citations": self.cites,
+            "hybridrag": {"request_id": self.request_id, "stats": to_json(stats), "passages": to_json(self.passages),
+                          "ignored": self.ignored}},
+            headers={"x-request-id": self.request_id})
+
+
+async def _chat(door: HttpDoor, request: Request) -> Response:
+    request_id = uuid.uuid4().hex[:16]
+    created = int(time.time())
+    try:
+        body = parse_model(await read_body(request), ChatRequest, "ChatRequest")
+        feed, first = await door.start_feed(request, generate_request(body), "ChatCompletions", request_id)
+    except CallerGone:
+        return Response(status_code=499)
+    except Exception as e:  # noqa: BLE001
+        return error_response(e, request_id)
+    chat = _Chat(feed, body, request_id, first.passages, created)
+    if body.stream:
+        return DisconnectAwareSSE(chat.events(), headers={"x-request-id": request_id, "cache-control": "no-cache"})
+    try:
+        text, stats = await until_disconnect(request, chat.collect())
+    except CallerGone:
+        return Response(status_code=499)
+    except Exception as e:  # noqa: BLE001
+        return error_response(e, request_id)
+    finally:
+        await feed.close()
+    return chat.whole(text, stats)
+
+
+async def _embeddings(door: HttpDoor, request: Request) -> Response:
+    core = door.core
+
+    async def work(caller: Any, request_id: str) -> tuple[np.ndarray, EmbeddingsRequest, list[str]]:
+        body = parse_model(await read_body(request), EmbeddingsRequest, "EmbeddingsRequest")
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        if any(not isinstance(t, str) for t in texts):
+            raise InvalidRequest("input must be a string or a list of strings (token ids are not accepted)")
+        strings = [t for t in texts if isinstance(t, str)]
+        vectors = await core.embed(caller, strings)
+        if body.dimensions is not None and body.dimensions != vectors.shape[1]:
+            raise InvalidRequest(f"dimensions must be {vectors.shape[1]} (the embedder's), got {body.dimensions}")
+        return vectors, body, strings
+
+    return await door.unary(request, "Embeddings", work,
+                            lambda result, rid: _embedding_list(result[0], result[1], result[2], core))
+
+
+async def _rerank(door: HttpDoor, request: Request) -> Response:
+    async def work(caller: Any, request_id: str) -> tuple[str, np.ndarray, RerankRequest, list[str]]:
+        body = parse_model(await read_body(request), RerankRequest, "RerankRequest")
+        texts = [d if isinstance(d, str) else d.text for d in body.documents]
+        return (*await door.core.rerank(caller, body.query, texts, body.stage), body, texts)
+
+    def answer(result: tuple[str, np.ndarray, RerankRequest, list[str]], request_id: str) -> dict[str, Any]:
+        stage, scores, body, texts = result
+        order = np.argsort(-scores, kind="stable")[: body.top_n or len(texts)]
+        results = [{"index": int(i), "relevance_score": float(scores[i]),
+                    **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order]
+        return {"id": request_id, "results": results, "meta": {"stage": stage}}
+
+    return await door.unary(request, "Rerank", work, answer)
 
 
 def _embedding_list(vectors: np.ndarray, body: EmbeddingsRequest, texts: list[str], core: Any) -> dict[str, Any]:

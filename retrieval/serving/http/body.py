@@ -1,5 +1,6 @@
-"""Request bodies as JSON, bounded before any work: what the HTTP door parses (the gRPC door gets protobuf, which has
-its own bounds).
+"""Request bodies, read and loaded as JSON, bounded before any work: what the HTTP door parses (the gRPC door gets
+protobuf, which has its own bounds). The body's size is bounded before it is read, by the guard
+(:mod:`retrieval.serving.http.guard`: ``http.max_body_mb``); :func:`read_body` reads it.
 
 ``json.loads`` alone lets through what then fails deep in the service as a 500: nesting 100,000 deep (a
 RecursionError in whoever walks it), an integer of 5,000 digits (a ValueError past Python's 4,300-digit limit, or
@@ -17,7 +18,10 @@ import json
 import math
 from typing import Any
 
+from fastapi import Request
+
 from retrieval.errors import InvalidRequest
+from retrieval.serving.http.errors import BodyTooLarge
 
 MAX_DEPTH = 32  # our deepest body is 4 levels (a chat message's content parts); 32 leaves room for free-form fields
 MAX_INT_DIGITS = 19  # int64's range has 19 digits; every integer field of ours is int32 or int64
@@ -114,3 +118,14 @@ def load_json(raw: bytes, *, empty: Any = None) -> Any:
         raise InvalidRequest(f"the body is not valid JSON: {e}") from None
     check_value(value)
     return value
+
+
+async def read_body(request: Request) -> bytes:
+    """The whole body (cached by Starlette for the route); a client gone mid-body is a 400, a body past the limit
+    the guard's 413."""
+    try:
+        return await request.body()
+    except BodyTooLarge:
+        raise
+    except Exception as e:  # noqa: BLE001  (the client went away mid-body)
+        raise InvalidRequest(f"could not read the request body: {e}") from None

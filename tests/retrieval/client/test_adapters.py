@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from retrieval.api import retriever_pb2 as pb
+from retrieval.client import ClientOptions, RetrieverClient
 from retrieval.config import ServerConfig
-from retrieval.serving.client import ClientOptions, RetrieverClient
 from retrieval.serving.server import BackgroundServer
 
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # read when haystack is imported: no posthog calls from tests
@@ -62,7 +62,7 @@ def check_metadata(meta: dict, p: pb.Passage) -> None:
 @pytest.fixture(scope="module")
 def lc():
     pytest.importorskip("langchain_core")
-    from retrieval.integrations import langchain
+    from retrieval.client.integrations import langchain
     return langchain
 
 
@@ -119,7 +119,7 @@ def test_langchain_in_an_lcel_chain(lc, server, queries):
 @pytest.fixture(scope="module")
 def li():
     pytest.importorskip("llama_index.core")
-    from retrieval.integrations import llamaindex
+    from retrieval.client.integrations import llamaindex
     return llamaindex
 
 
@@ -173,7 +173,7 @@ def test_llamaindex_passes_top_k_filters_tenant_and_key(li, server, keyed_server
 @pytest.fixture(scope="module")
 def hs():
     pytest.importorskip("haystack")
-    from retrieval.integrations import haystack
+    from retrieval.client.integrations import haystack
     return haystack
 
 
@@ -206,13 +206,13 @@ def test_haystack_in_a_pipeline_and_round_trips(hs, server, queries):
     want = expected(reference(server.target, q, 3, filters={"lang": "en"}))
     assert hs_rows(p.run({"retriever": {"query": q}})["retriever"]["documents"]) == want
     data = p.get_component("retriever").to_dict()
-    assert data["type"] == "retrieval.integrations.haystack.HybridRagRetriever"
+    assert data["type"] == "retrieval.client.integrations.haystack.HybridRagRetriever"
     assert data["init_parameters"]["api_key"] == {"type": "env_var", "env_vars": ["HYBRIDRAG_API_KEY"], "strict": False}
     again = hs.HybridRagRetriever.from_dict(data)
     assert again.to_dict() == data and hs_rows(again.run(q)["documents"]) == want
     with pytest.raises(DeserializationError, match="allowlist"):  # Haystack 3 loads only modules the caller trusts
         Pipeline.loads(p.dumps())
-    loaded = Pipeline.loads(p.dumps(), allowed_modules=["retrieval.integrations.haystack"])  # the YAML it's saved as
+    loaded = Pipeline.loads(p.dumps(), allowed_modules=["retrieval.client.integrations.haystack"])  # the YAML it's saved as
     assert hs_rows(loaded.run({"retriever": {"query": q}})["retriever"]["documents"]) == want
 
 

@@ -32,7 +32,8 @@ from urllib.parse import urlsplit
 
 from retrieval.errors import PermissionDenied, Unauthenticated
 from retrieval.serving.core import Caller, ServiceCore
-from retrieval.serving.http_common import TIMEOUT_HEADER, BodyTooLarge, UnsupportedMediaType, error_response
+from retrieval.serving.http.door import TIMEOUT_HEADER
+from retrieval.serving.http.errors import BodyTooLarge, UnsupportedMediaType, error_response
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

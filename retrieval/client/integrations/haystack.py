@@ -8,8 +8,8 @@ from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.utils import Secret
 
 from retrieval.api import retriever_pb2 as pb
-from retrieval.integrations._common import Clients, passage_id, passage_metadata
-from retrieval.serving.client import ClientOptions
+from retrieval.client.client import ClientOptions
+from retrieval.client.integrations._common import Clients, passage_id, passage_metadata
 
 _ENV_KEY = Secret.from_env_var("HYBRIDRAG_API_KEY", strict=False)  # unset = no key (a server without API keys)
 

@@ -10,8 +10,8 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 
 from retrieval.api import retriever_pb2 as pb
-from retrieval.integrations._common import Clients, passage_metadata
-from retrieval.serving.client import ClientOptions
+from retrieval.client.client import ClientOptions
+from retrieval.client.integrations._common import Clients, passage_metadata
 
 
 class HybridRagRetriever(BaseRetriever):

@@ -1,21 +1,10 @@
-"""The HTTP door: REST + Server-Sent Events on FastAPI/uvicorn, beside gRPC, in the same process, on the same event
-loop and the same core (:class:`~retrieval.serving.core.ServiceCore`: auth, tenants, admission, deadlines, the
-pipeline, the semantic cache, spans and metrics).
+"""The HTTP door's app: its routes over the core, its pages, and uvicorn serving it in-process
+(:func:`start_http`, on the running event loop).
 
-- ``POST /v1/retrieve``, ``POST /v1/generate`` (SSE: ``passages``, ``token``..., ``stats``, ``done``),
-  ``POST /v1/documents`` (upsert), ``DELETE /v1/documents``, ``POST /v1/rebuild``, ``GET /v1/status``: JSON bodies
-  are the proto messages in proto3's JSON mapping (field names as in ``proto/``; 64-bit integers are numbers, but
-  ``chunk_id``, a string: on an engine backend it is a 63-bit hash, past what JSON numbers hold exactly), parsed
-  with ``google.protobuf.json_format`` so an unknown field or a wrong type is a 400 that names it. Their schemas
-  in ``/openapi.json`` are generated from the proto.
-- OpenAI-compatible (:mod:`retrieval.serving.openai_api`): ``/v1/chat/completions``, ``/v1/embeddings``,
-  ``/v1/models``; Cohere-style ``/v1/rerank``.
-- ``/healthz`` (the process answers), ``/readyz`` (the index and models are loaded), ``/metrics``, ``/playground``.
-
-Errors: the core's error -> gRPC code (:func:`status_for`) -> one HTTP status (:data:`HTTP_STATUS`), with the
-gRPC door's message, as ``{"error": {"code", "status", "message", "type"}, "request_id"}``. The caller's key is
-``Authorization: Bearer KEY`` (or ``x-api-key``); its deadline ``x-timeout-ms``. Bodies over ``max_body_mb`` get
-413 before they are read. A client that disconnects cancels its call, as a gRPC cancellation does.
+Errors: the core's error -> gRPC code -> one HTTP status (:mod:`retrieval.serving.http.errors`), with the gRPC door's
+message. The caller's key is ``Authorization: Bearer KEY`` (or ``x-api-key``); its deadline ``x-timeout-ms``. Bodies
+over ``max_body_mb`` get 413 before they are read (:mod:`retrieval.serving.http.guard`). A client that disconnects
+cancels its call, as a gRPC cancellation does.
 """
 
 from __future__ import annotations
@@ -26,42 +15,29 @@ import contextlib
 import hashlib
 import re
 import socket
-import uuid
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from google.protobuf.message import Message
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from index_builder.errors import ConfigError
 from retrieval.api import retriever_pb2 as pb
 from retrieval.errors import InvalidRequest
-from retrieval.serving.core import Caller, ServiceCore, caller_message
-from retrieval.serving.http_common import (
-    ERROR_SCHEMA,
-    ERROR_TYPE,
-    HttpDoor,
-    body_spec,
-    error_response,
-    error_spec,
-    model_schemas,
-    ok_spec,
-    parse_json,
-    proto_schemas,
-    read_body,
-)
-from retrieval.serving.http_guard import Guard, is_loopback
-from retrieval.serving.http_timeouts import ConnectionTimeouts, protocol_class
-from retrieval.serving.openai_api import MODELS, add_openai_routes
-from retrieval.serving.settings import HttpConfig  # noqa: F401  (re-exported: its section)
+from retrieval.serving.core import Caller, ServiceCore
+from retrieval.serving.http.body import read_body
+from retrieval.serving.http.convert import parse_json
+from retrieval.serving.http.door import HttpDoor
+from retrieval.serving.http.errors import add_error_handlers
+from retrieval.serving.http.guard import Guard, is_loopback
+from retrieval.serving.http.openai import MODELS, add_openai_routes
+from retrieval.serving.http.openapi import body_spec, error_spec, install_openapi, ok_spec
+from retrieval.serving.http.timeouts import ConnectionTimeouts, server_config
+from retrieval.serving.settings import HttpConfig
 
 
 def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
@@ -71,24 +47,20 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
                   description="Hybrid retrieval (BM25 + dense, RRF, late interaction, cross-encoder) and "
                               "retrieval-augmented generation. The REST bodies are the gRPC messages of "
                               "proto/hybridrag/v1/retriever.proto in proto3 JSON.")
-    state = core.state
+    add_error_handlers(app)
+    _retrieval_routes(app, door)
+    _document_routes(app, door)
+    _service_routes(app, door)
+    _pages(app, config)
+    add_openai_routes(app, door)
+    app.add_middleware(Guard, core=core, allowed_origins=config.allowed_origins, allowed_hosts=config.allowed_hosts,
+                       loopback=is_loopback(config.host), max_body=int(config.max_body_mb * 2**20))
+    install_openapi(app, MODELS)
+    return app
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = []
-        for err in exc.errors()[:5]:
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-            parts.append(f"{where or 'body'}: {err.get('msg')}")
-        return error_response(InvalidRequest("; ".join(parts)), uuid.uuid4().hex[:16])
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        status = exc.status_code
-        request_id = uuid.uuid4().hex[:16]
-        body = {"error": {"code": status, "status": {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(status, "ERROR"),
-                          "message": caller_message(f"{request.method} {request.url.path}: {exc.detail}"),
-                          "type": ERROR_TYPE.get(status, "error")}, "request_id": request_id}
-        return JSONResponse(body, status_code=status, headers={**(exc.headers or {}), "x-request-id": request_id})
+def _retrieval_routes(app: FastAPI, door: HttpDoor) -> None:
+    core = door.core
 
     @app.post("/v1/retrieve", tags=["retrieval"], openapi_extra=body_spec("RetrieveRequest"),
               responses=ok_spec("RetrieveResponse"), summary="Retrieve passages (the gRPC Retrieve)")
@@ -106,6 +78,10 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
               summary="Retrieve, then stream an answer (SSE: passages, token..., stats, done; error on failure)")
     async def generate(request: Request) -> Response:
         return await door.generate(request)
+
+
+def _document_routes(app: FastAPI, door: HttpDoor) -> None:
+    core = door.core
 
     @app.post("/v1/documents", tags=["documents"], openapi_extra=body_spec("UpsertRequest"), responses=ok_spec("UpsertResponse"),
               summary="Upsert documents (durable when acknowledged; searchable at once)")
@@ -134,22 +110,7 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
              summary="List documents, a page at a time, without their text (?tenant=t&filter=key=value&after=id&limit=n)")
     async def list_documents(request: Request) -> Response:
         async def work(caller: Caller, request_id: str) -> Message:
-            q = request.query_params
-            unknown = set(q) - {"tenant", "filter", "after", "limit"}
-            if unknown:
-                raise InvalidRequest(f"unknown query parameter(s) {sorted(unknown)}; allowed: "
-                                     "['after', 'filter', 'limit', 'tenant']")
-            body = pb.ListDocumentsRequest(tenant=q.get("tenant", ""), after=q.get("after", ""))
-            try:
-                body.limit = int(q.get("limit", "0"))
-            except ValueError:
-                raise InvalidRequest(f"'limit' must be an integer, got {q.get('limit')!r:.40}") from None
-            for item in q.getlist("filter"):
-                key, sep, value = item.partition("=")
-                if not sep:
-                    raise InvalidRequest(f"'filter' must be KEY=VALUE, got {item!r:.80}")
-                body.filters[key] = value
-            return await core.list_documents(caller, body)
+            return await core.list_documents(caller, _list_request(request))
         return await door.unary(request, "ListDocuments", work)
 
     @app.post("/v1/rebuild", tags=["documents"], responses=ok_spec("RebuildResponse"),
@@ -158,6 +119,30 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
         async def work(caller: Caller, request_id: str) -> Message:
             return await core.rebuild(caller)
         return await door.unary(request, "Rebuild", work)
+
+
+def _list_request(request: Request) -> pb.ListDocumentsRequest:
+    """``GET /v1/documents``'s query string as a ListDocumentsRequest."""
+    q = request.query_params
+    unknown = set(q) - {"tenant", "filter", "after", "limit"}
+    if unknown:
+        raise InvalidRequest(f"unknown query parameter(s) {sorted(unknown)}; allowed: "
+                             "['after', 'filter', 'limit', 'tenant']")
+    body = pb.ListDocumentsRequest(tenant=q.get("tenant", ""), after=q.get("after", ""))
+    try:
+        body.limit = int(q.get("limit", "0"))
+    except ValueError:
+        raise InvalidRequest(f"'limit' must be an integer, got {q.get('limit')!r:.40}") from None
+    for item in q.getlist("filter"):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidRequest(f"'filter' must be KEY=VALUE, got {item!r:.80}")
+        body.filters[key] = value
+    return body
+
+
+def _service_routes(app: FastAPI, door: HttpDoor) -> None:
+    core, state = door.core, door.core.state
 
     @app.get("/v1/status", tags=["service"], responses=ok_spec("IndexStatus"), summary="Index, models and backends")
     async def status(request: Request) -> Response:
@@ -181,6 +166,9 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+
+def _pages(app: FastAPI, config: HttpConfig) -> None:
+    """The playground (when ``[http] playground``) and the API's Swagger page, each with its own CSP."""
     if config.playground:
         page = resources.files("retrieval.serving").joinpath("static/playground.html").read_text(encoding="utf-8")
         page_headers = {"cache-control": "no-cache", "content-security-policy": page_csp(page)}
@@ -197,32 +185,6 @@ def create_app(core: ServiceCore, config: HttpConfig) -> FastAPI:
     async def docs() -> HTMLResponse:
         page = get_swagger_ui_html(openapi_url="/openapi.json", title="hybridrag API")
         return HTMLResponse(page.body, headers={"content-security-policy": DOCS_CSP})
-
-    add_openai_routes(app, door)
-    app.add_middleware(Guard, core=core, allowed_origins=config.allowed_origins, allowed_hosts=config.allowed_hosts,
-                       loopback=is_loopback(config.host), max_body=int(config.max_body_mb * 2**20))
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            components = schema.setdefault("components", {})
-            components.setdefault("schemas", {}).update(proto_schemas(
-                pb.RetrieveRequest.DESCRIPTOR, pb.RetrieveResponse.DESCRIPTOR, pb.GenerateRequest.DESCRIPTOR,
-                pb.GenerateResponse.DESCRIPTOR, pb.UpsertRequest.DESCRIPTOR, pb.UpsertResponse.DESCRIPTOR,
-                pb.DeleteRequest.DESCRIPTOR, pb.DeleteResponse.DESCRIPTOR, pb.RebuildResponse.DESCRIPTOR,
-                pb.IndexStatus.DESCRIPTOR))
-            components["schemas"].update(model_schemas(*MODELS))
-            components["schemas"]["Error"] = ERROR_SCHEMA
-            components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-            for path, operations in schema["paths"].items():  # a key on the API; the probes and pages need none
-                if path.startswith("/v1/"):
-                    for operation in operations.values():
-                        operation["security"] = [{"bearer": []}]
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-    return app
 
 
 # Swagger UI (FastAPI's page) loads its script and style from jsDelivr and runs one inline script
@@ -241,7 +203,7 @@ def page_csp(page: str) -> str:
 
 
 def timeouts(config: HttpConfig) -> ConnectionTimeouts:
-    """The slow-client timeouts of ``[http]`` (:mod:`retrieval.serving.http_timeouts`)."""
+    """The slow-client timeouts of ``[http]`` (:mod:`retrieval.serving.http.timeouts`)."""
     return ConnectionTimeouts(config.header_timeout_s, config.body_timeout_s, config.body_min_rate,
                               config.send_timeout_s)
 
@@ -295,9 +257,9 @@ async def start_http(core: ServiceCore, config: HttpConfig, *, reuse_port: bool 
     sock.listen(2048)
     sock.setblocking(False)
     port = sock.getsockname()[1]
-    server = _EmbeddedUvicorn(uvicorn.Config(create_app(core, config), log_level="warning", access_log=False,
-                                             lifespan="off", loop="none", http=protocol_class(timeouts(config)),
-                                             ws="none", timeout_keep_alive=config.keepalive_timeout_s))
+    server = _EmbeddedUvicorn(server_config(create_app(core, config), timeouts(config), log_level="warning",
+                                            access_log=False, lifespan="off", loop="none", ws="none",
+                                            timeout_keep_alive=config.keepalive_timeout_s))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():

@@ -9,8 +9,8 @@ from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from retrieval.api import retriever_pb2 as pb
-from retrieval.integrations._common import Clients, passage_id, passage_metadata
-from retrieval.serving.client import ClientOptions
+from retrieval.client.client import ClientOptions
+from retrieval.client.integrations._common import Clients, passage_id, passage_metadata
 
 # Bookkeeping, not content: kept out of the text LlamaIndex shows an LLM or embeds (its default puts all metadata there).
 _NOT_CONTENT = ["doc_id", "chunk_id", "score", "tenant", "stage_ranks", "request_id"]
