@@ -57,12 +57,12 @@ class HttpConfig(Section):
     """``[http]``: ``port`` -1 = no HTTP door (the default), 0 = any free port (logged). ``max_body_mb``: larger
     request bodies get 413 unread. ``playground``: serve the page at ``/playground``.
 
-    Browsers (:mod:`retrieval.serving.http_guard`): ``allowed_origins``: the other origins (``scheme://host:port``)
+    Browsers (:mod:`retrieval.serving.http.guard`): ``allowed_origins``: the other origins (``scheme://host:port``)
     whose pages may call the API (none by default: the playground is same-origin; ``"*"`` = any, with CORS);
     ``allowed_hosts``: the ``Host`` names answered (none = loopback names when listening on a loopback address,
     any name otherwise; ``"*"`` = any).
 
-    Slow clients (:mod:`retrieval.serving.http_timeouts`): ``header_timeout_s`` for the request line and headers;
+    Slow clients (:mod:`retrieval.serving.http.timeouts`): ``header_timeout_s`` for the request line and headers;
     ``body_timeout_s`` then ``body_min_rate`` bytes/s on average for the body; ``send_timeout_s`` for a client
     that stops reading its answer; ``keepalive_timeout_s`` for an idle keep-alive connection."""
 
@@ -109,7 +109,7 @@ class FrontConfig(Section):
     included). ``workers``: nginx worker processes (1 leaves the cores to the servers; one worker serves thousands of
     connections).
 
-    Slow clients, with the HTTP door's defaults (:mod:`retrieval.serving.http_timeouts`): ``header_timeout_s``
+    Slow clients, with the HTTP door's defaults (:mod:`retrieval.serving.http.timeouts`): ``header_timeout_s``
     (nginx ``client_header_timeout``: the request's headers, on both doors), ``body_timeout_s``
     (``client_body_timeout``: the longest pause between two reads of a body), ``send_timeout_s`` (``send_timeout``:
     the longest pause of a client reading its answer), ``keepalive_timeout_s`` (an idle connection, HTTP/1.1 or
