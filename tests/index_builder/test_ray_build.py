@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,18 +25,12 @@ import pytest
 from index_builder.build.builder import build_snapshot
 from index_builder.documents.corpus import read_corpus
 from index_builder.snapshot.format import current_snapshot_dir
-from tests.helpers import REPO, SHARED_BEIR
+from tests.helpers import REPO, SHARED_BEIR, free_port
 
 pytest.importorskip("ray", reason="the ray extra (setup.sh --ray) is not installed")
 RAY = Path(sys.executable).with_name("ray")
 DOCS = 300  # SciFact's first documents: ~580 chunks, 18 batches of 32
 BATCH = 32
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +40,7 @@ def cluster() -> Iterator[dict[str, str]]:
     (tmp / "token").write_text(os.urandom(32).hex())
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp / "token"),
            "RAY_USAGE_STATS_ENABLED": "0"}
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     common = ["--disable-usage-stats", "--object-store-memory", "100000000"]
     try:
@@ -220,7 +213,7 @@ def test_a_ray_build_into_the_engine_upserts_from_parallel_tasks(cluster, corpus
     answers a query as the local snapshot does."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     engine = subprocess.Popen([sys.executable, "-m", "hybridrag", "engine", "--location", str(tmp_path / "engine"),
                                "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
