@@ -121,6 +121,20 @@ def writable_template(tmp_path_factory, sample_docs, config, embedder) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def fuzz_server(writable_template, tmp_path_factory):
+    """One ``hybridrag serve`` (both doors, a store, tenant-bound keys) that both fuzzers send their requests to
+    (tests/retrieval/serving/test_fuzz.py and test_http_fuzz.py), started and warmed once a session."""
+    from tests.retrieval.serving.fuzzing import FuzzServer
+
+    server = FuzzServer(tmp_path_factory.mktemp("fuzz-server"), writable_template)
+    try:
+        server.warm()
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture()
 def writable(writable_template, tmp_path) -> Path:
     """A private copy of the writable template in ``tmp_path``: ``store.db`` and ``index/``."""
