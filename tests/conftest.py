@@ -21,6 +21,17 @@ from retrieval.search.pipeline import Pipeline
 from tests.helpers import SAMPLE
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """With pytest-xdist's ``--dist loadgroup`` (the README's command), a file's tests stay on one worker, so its
+    module fixtures (servers, clusters) are set up once, unless a test names its group (``xdist_group``): the two
+    fuzzers share one server (``fuzz_server``), the Ray tests run one after another (``ray``: a cluster's teardown,
+    ``ray stop --force``, ends every Ray process on the machine). Session fixtures are built once per worker."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(autouse=True)
 def _sync_state_in_tmp(tmp_path_factory, monkeypatch) -> None:
     """A folder sync keeps its per-source secrets under $XDG_STATE_HOME (retrieval/folder_state.py): never the
