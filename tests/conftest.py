@@ -20,16 +20,28 @@ from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
 from tests.helpers import SAMPLE
 
+# pytest-xdist (the README's command, ``-n 2``): a file's tests run on one worker, so its module fixtures (servers,
+# clusters) are set up once; these run together: the two fuzzers share one server (``fuzz_server``), and the Ray
+# tests run one after another (a cluster's teardown, ``ray stop --force``, ends every Ray process on the machine).
+# Session fixtures are built once per worker. xdist's own ``--dist loadgroup`` cannot be used: it renames test ids
+# through an attribute pytest 9 no longer reads.
+XDIST_GROUPS = {"tests/retrieval/serving/test_fuzz.py": "fuzz_server",
+                "tests/retrieval/serving/test_http_fuzz.py": "fuzz_server",
+                "tests/index_builder/test_ray_build.py": "ray",
+                "tests/bench/test_bench_smoke.py::test_ray_build_bench_smoke": "ray"}
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items) -> None:
-    """With pytest-xdist's ``--dist loadgroup`` (the README's command), a file's tests stay on one worker, so its
-    module fixtures (servers, clusters) are set up once, unless a test names its group (``xdist_group``): the two
-    fuzzers share one server (``fuzz_server``), the Ray tests run one after another (``ray``: a cluster's teardown,
-    ``ray stop --force``, ends every Ray process on the machine). Session fixtures are built once per worker."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Work units of whole files, or of the groups above."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return XDIST_GROUPS.get(nodeid.split("[", 1)[0]) or XDIST_GROUPS.get(file) or file
+
+    return FilesAndGroups(config, log)
 
 
 @pytest.fixture(autouse=True)

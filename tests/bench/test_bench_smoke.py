@@ -250,7 +250,6 @@ def test_build_bench_smoke(tmp_path):
     assert 0 < entry["rebuild_over_build"]
 
 
-@pytest.mark.xdist_group("ray")  # beside no other Ray test (tests/conftest.py)
 def test_ray_build_bench_smoke(tmp_path):
     pytest.importorskip("ray", reason="the ray extra (setup.sh --ray) is not installed")
     from bench.ray_build import main

@@ -28,7 +28,6 @@ from index_builder.snapshot.format import current_snapshot_dir
 from tests.helpers import REPO, SHARED_BEIR, free_port
 
 pytest.importorskip("ray", reason="the ray extra (setup.sh --ray) is not installed")
-pytestmark = pytest.mark.xdist_group("ray")  # ray stop --force ends every Ray process: one at a time
 RAY = Path(sys.executable).with_name("ray")
 DOCS = 300  # SciFact's first documents: ~580 chunks, 18 batches of 32
 BATCH = 32

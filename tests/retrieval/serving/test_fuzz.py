@@ -30,7 +30,6 @@ from tests.retrieval.serving.fuzzing import (
     summarize,
 )
 
-pytestmark = pytest.mark.xdist_group("fuzz_server")  # one server for both fuzzers (tests/conftest.py)
 SERVICE = "hybridrag.v1.Retriever"
 FUZZ_REQUESTS = 3000
 SEED = 1234

@@ -49,7 +49,6 @@ from tests.retrieval.serving.http_fuzzing import (
     run_cases,
 )
 
-pytestmark = pytest.mark.xdist_group("fuzz_server")  # one server for both fuzzers (tests/conftest.py)
 SERVICE = "hybridrag.v1.Retriever"
 SEED = 4321
 FUZZ_REQUESTS = 2000  # random cases; plus every field as every JSON type (498), 16 bodies near the
