@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 
@@ -31,17 +32,36 @@ XDIST_GROUPS = {"tests/retrieval/serving/test_fuzz.py": "fuzz_server",
                 "tests/bench/test_bench_smoke.py::test_ray_build_bench_smoke": "ray"}
 
 
+# The longest units first (docs/development.md lists the slowest tests), so that no worker starts one near the end.
+XDIST_FIRST = ("ray", "tests/retrieval/test_beir_scifact.py", "tests/bench/test_bench_smoke.py",
+               "tests/hybridrag/test_config_cli.py", "tests/index_builder/test_token_storage.py",
+               "tests/bench/test_scale_smoke.py", "tests/index_builder/test_stream_build.py",
+               "tests/hybridrag/test_sync_operator.py", "tests/retrieval/generation/test_answer_cache.py")
+
+
+def _xdist_unit(nodeid: str) -> str:
+    file = nodeid.split("::", 1)[0]
+    return XDIST_GROUPS.get(nodeid.split("[", 1)[0]) or XDIST_GROUPS.get(file) or file
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Work units of whole files, or of the groups above."""
+    """Work units of whole files, or of the groups above, handed out in collection order."""
     from xdist.scheduler import LoadScopeScheduling
 
     class FilesAndGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            return XDIST_GROUPS.get(nodeid.split("[", 1)[0]) or XDIST_GROUPS.get(file) or file
+            return _xdist_unit(nodeid)
 
+    config.option.loadscopereorder = False
     return FilesAndGroups(config, log)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under xdist (a worker), the units of ``XDIST_FIRST`` first: every worker orders its collection alike."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {unit: i for i, unit in enumerate(XDIST_FIRST)}
+        items.sort(key=lambda item: rank.get(_xdist_unit(item.nodeid), len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture(autouse=True)
