@@ -97,7 +97,8 @@ def test_scale_corpus_smoke(corpus_dir, tmp_path):
     assert ensure_corpus(again, 1000)[0].read_text() == "\n".join(big) + "\n"  # deterministic for a seed
 
 
-def test_scale_bench_smoke(corpus_dir, tmp_path):  # ~11 s: two builds in child processes, two servers, recall
+@pytest.mark.slow  # ~35 s: builds in child processes, spawned servers, loads, recall, rebuilds, two indexes served
+def test_scale_bench_smoke(corpus_dir, tmp_path):
     from bench.scale import main
 
     out, plots = tmp_path / "scale.json", tmp_path / "plots"

@@ -22,7 +22,7 @@ from retrieval.serving.client import ClientOptions, RetrieverClient
 from tests.helpers import REPO, ServeProcess, free_port
 from tests.index_builder.test_folder import sample_passages
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # spawned servers killed and restarted under a --watch sync (~20-40 s a test)
 
 API_KEYS = {"k-a": ["acme"], "k-b": ["initech"], "k-admin": ["*"]}
 SERVE_ENV = {"HYBRIDRAG_API_KEYS": json.dumps(API_KEYS), "HYBRIDRAG_GENERATION__EMBEDDED__ENABLED": "false",

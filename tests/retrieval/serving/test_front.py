@@ -58,7 +58,7 @@ def test_the_rendered_configuration_is_accepted_by_nginx(tmp_path):
 
 
 @needs_nginx
-@pytest.mark.slow
+@pytest.mark.slow  # nginx before a spawned server with both doors, bursts through both
 def test_the_front_passes_calls_through_and_refuses_past_its_limit(sample_index_dir, tmp_path):
     """``hybridrag front`` (the command, as deployed) before ``hybridrag serve`` with both doors, at 2 reads in
     flight: calls through the front answer as the server does; a burst's excess gets the front's own refusal
@@ -228,7 +228,7 @@ def _hold(port: int, path: str) -> socket.socket:
 
 
 @needs_nginx
-@pytest.mark.slow
+@pytest.mark.slow  # nginx before a spawned server with a store, each slot held in turn
 def test_listing_is_a_read_at_the_front_on_both_doors(writable, tmp_path):
     """issue 51 item 7: through the front, listing (``GET /v1/documents``, gRPC ``ListDocuments``) is a read. With
     the one write slot taken, both doors still list (it used to be refused over HTTP: two listing loops made 89% of

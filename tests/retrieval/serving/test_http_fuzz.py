@@ -228,7 +228,7 @@ def schemathesis_run(fuzz_server) -> SchemathesisRun:
     return run
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # schemathesis: ~500 generated requests over every operation, with the fuzz server's start
 def test_schemathesis_finds_no_server_error_on_any_operation(fuzz_server, schemathesis_run, record_property):
     run = schemathesis_run
     record_property("schemathesis_requests", sum(sum(c.values()) for c in run.counts.values()))
@@ -246,7 +246,7 @@ def test_schemathesis_finds_no_server_error_on_any_operation(fuzz_server, schema
     _assert_healthy(fuzz_server)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the same schemathesis pass
 def test_schemathesis_responses_conform_to_the_declared_schema(schemathesis_run):
     """The 200 answers match their declared schema and content type (schemathesis's response_schema_conformance and
     content_type_conformance), and every status answered is one /openapi.json declares for that operation (the
@@ -292,7 +292,7 @@ def raw_run(fuzz_server) -> RawRun:
     return run
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~2,600 raw bodies (some of 16 MiB) over httpx and raw sockets
 def test_thousands_of_raw_bodies_get_no_server_error(fuzz_server, raw_run, record_property):
     run = raw_run
     _report(record_property, "http_fuzz", run.before, run.after)
@@ -313,7 +313,7 @@ def test_thousands_of_raw_bodies_get_no_server_error(fuzz_server, raw_run, recor
     assert growth < 300 * MB, f"RSS grew by {growth / MB:.0f} MiB over {run.cases} requests"
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the same raw pass
 def test_error_messages_never_echo_megabytes_of_the_request(raw_run):
     """An error's message names what is wrong in at most 8 KiB (MAX_MESSAGE), as the gRPC door's status details
     must: a 1 MiB wrong-typed value, unknown field or stage name is not sent back whole."""
