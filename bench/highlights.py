@@ -2,10 +2,10 @@
 
 The questions (``bench/data/highlight_questions.json``) were written by hand over this machine's man pages: each
 names its page and a short string (an option, a phrase) the answering sentence holds. The pages are read at run
-time (``man -P cat``, overstrikes removed; nothing of their text is stored in the repository) together with the
-distractor pages the file lists, built into an index with the served defaults (or ``--storage``), and each question
-retrieved with ``highlights`` on and off, alternately, in process (one caller: the solo path the service takes when
-idle). Reported:
+time (:func:`bench.harness.man.render_man`: ``man -P cat``, 80 columns; nothing of their text is stored in the
+repository) together with the distractor pages the file lists, built into an index with the served defaults (or
+``--storage``), and each question retrieved with ``highlights`` on and off, alternately, in process (one caller:
+the solo path the service takes when idle). Reported:
 
 - ``page_top1`` / ``page_top3``: the question's page gives the first passage / one of the first three;
 - ``answer_passage_top3``: one of the first three passages is of the page and holds the answer string;
@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,17 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import percentiles, ratio, write_result
+from bench.harness.man import render_man
 
 QUESTIONS = Path(__file__).resolve().parent / "data" / "highlight_questions.json"
-_OVERSTRIKE = re.compile(r".\x08")
-
-
-def man_page(name: str) -> str:
-    """``man -P cat NAME`` as plain text, 80 columns (empty when the page is not installed)."""
-    env = {**os.environ, "MANWIDTH": "80", "MAN_KEEP_FORMATTING": "0", "LC_ALL": "C.UTF-8"}
-    run = subprocess.run(["man", "-P", "cat", name], capture_output=True, text=True, env=env, errors="replace",
-                         check=False)
-    return _OVERSTRIKE.sub("", run.stdout) if run.returncode == 0 else ""
 
 
 def documents(questions: list[dict[str, Any]], distractors: list[str]) -> tuple[list[Any], list[str]]:
@@ -57,7 +46,7 @@ def documents(questions: list[dict[str, Any]], distractors: list[str]) -> tuple[
     pages = list(dict.fromkeys([q["page"] for q in questions] + distractors))
     docs, missing = [], []
     for page in pages:
-        text = man_page(page)
+        text = render_man(page) or ""  # 80 columns, as `man` shows it
         if text.strip():
             docs.append(Document(id=f"man:{page}", text=text, title=f"{page}(1)", metadata={"source": "man"}))
         else:

@@ -6,11 +6,14 @@ Sources (``bash scripts/setup.sh --scale`` installs ``python3-doc``, ``linux-doc
 ``debian-reference-en`` and ``man-db``):
 
 - **man**: every English man page under ``MAN_ROOT/man[1-9]``, rendered as text by ``man --nh --nj -P cat -l``
-  with a wide ``MANWIDTH`` (no hyphenation, no justification, one line per paragraph); the header and footer
-  lines and the section headings dropped;
-- **doc**: ``DOC_ROOT`` (``/usr/share/doc``): plain text, markdown and reStructuredText (also gzipped), and HTML
-  with its tags stripped; a Sphinx tree is read from its ``_sources`` (its HTML skipped); licences, changelogs
-  and name lists skipped. ``source`` is ``python3-doc`` under ``python3.*/html``, ``linux-doc`` under
+  (:func:`bench.harness.man.render_man`) with a wide ``MANWIDTH`` (no hyphenation, no justification, one line per
+  paragraph); the header and footer lines and the section headings dropped;
+- **doc**: ``DOC_ROOT`` (``/usr/share/doc``): plain text, markdown, reStructuredText (also gzipped) and HTML,
+  each read by the product's reader for its kind (:mod:`index_builder.documents.readers`, what a folder build
+  reads them with: the encoding detected, markdown-it-py, lxml, the reStructuredText line rules), a document's
+  paragraphs taken from the sections it gives; a Sphinx tree is read from its ``_sources`` (its HTML skipped);
+  licences, changelogs and name lists skipped; a file no reader can read is counted in the statistics
+  (``files.unreadable``, by reason). ``source`` is ``python3-doc`` under ``python3.*/html``, ``linux-doc`` under
   ``linux-doc-*``, else ``doc``.
 
 Each document is cut at paragraph boundaries into passages of ``--min-words`` to ``--max-words`` words (a
@@ -34,15 +37,15 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
-import html.parser
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,14 +54,15 @@ from typing import Any
 import numpy as np
 
 from bench.harness import ints, median
+from bench.harness.man import render_man
+from index_builder.documents.readers import TEXT_READERS, Extracted, Unreadable, decode, read_rst, read_text
 
 POOL = "pool.jsonl"
 POOL_STATS = "pool-stats.json"
-_WORD = re.compile(r"\S+")
 _ALPHA = re.compile(r"^[A-Za-z][A-Za-z'’\-]*[A-Za-z][.,;:!?)]*$")
 _SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
-_RULE = re.compile(r"^\s*([=\-~^*#+`'\".:_])\1{2,}\s*$")  # rst/markdown underlines and rules
-_ROLE = re.compile(r":[a-zA-Z:]+:`([^`<]*?)(?:\s*<[^>]*>)?`")  # :func:`name <target>` -> name
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+MAX_FILE_BYTES = 64 * 2**20  # a file's bytes (gunzipped) read at most: the folder build's default --max-file-mb
 _SKIP_NAMES = re.compile(r"^(copyright|changelog.*|.*\.debian.*|authors|thanks|credits|acks|contributors|"
                          r"maintainers|test_results|license.*|licence.*|copying.*)(\.gz)?$", re.I)
 _TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".rst", ".text")
@@ -72,7 +76,7 @@ _PLAIN_NAMES = re.compile(r"^(readme|news|todo|faq|history|install|usage|bugs|no
 @dataclass(frozen=True)
 class Source:
     path: Path
-    kind: str  # "man" | "text" | "html"
+    kind: str  # "man" (rendered by man) | "doc" (read by the product's reader for its name)
     source: str  # metadata.source: man, doc, python3-doc, linux-doc
     label: str  # what the title starts from
 
@@ -120,137 +124,78 @@ def doc_files(root: Path) -> list[Source]:
             if low.endswith(_HTML_SUFFIXES):
                 if sphinx or in_sources:
                     continue
-                kind = "html"
-            elif low.endswith(_TEXT_SUFFIXES) or _PLAIN_NAMES.match(base):
-                kind = "text"
-            else:
+            elif not (low.endswith(_TEXT_SUFFIXES) or _PLAIN_NAMES.match(base)):
                 continue
             rel = p.relative_to(root)
-            out.append(Source(p, kind, _doc_source(rel), str(rel.with_name(base))))
+            out.append(Source(p, "doc", _doc_source(rel), str(rel.with_name(base))))
     return out
 
 
-def _read(path: Path) -> str | None:
+def _reader(name: str, in_sources: bool) -> Callable[[str], Extracted]:
+    """The product's reader for a file name (``.gz`` already dropped): by its suffix; a Sphinx source
+    (``_sources/x.rst.txt``, or ``x.txt`` in an older tree) by the suffix before ``.txt``, else as
+    reStructuredText; a plain name (``README``, ``NEWS.Debian``) as plain text."""
+    low = name.lower()
+    if in_sources and low.endswith(".txt"):
+        return TEXT_READERS.get(os.path.splitext(low[:-4])[1], read_rst)
+    return TEXT_READERS.get(os.path.splitext(low)[1], read_text)
+
+
+def read_document(src: Source) -> Extracted:
+    """A documentation file's title and sections by the product's readers (:mod:`index_builder.documents.readers`:
+    the encoding detected, markdown-it-py, lxml, the reStructuredText line rules), gunzipped first; at most
+    ``MAX_FILE_BYTES`` of it. :class:`Unreadable` (the reason) when it cannot be read."""
     try:
-        raw = gzip.open(path).read() if path.name.endswith(".gz") else path.read_bytes()
-    except (OSError, EOFError):
-        return None
-    if b"\x00" in raw[:4096]:
-        return None
-    text = raw.decode("utf-8", errors="replace")
-    return None if text.count("\ufffd") > len(text) / 100 else text
+        with gzip.open(src.path) if src.path.name.endswith(".gz") else open(src.path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as e:
+        raise Unreadable(f"cannot be read: {e}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise Unreadable(f"over {MAX_FILE_BYTES // 2**20} MiB")
+    text, encoding = decode(data)
+    out = _reader(src.label.rpartition("/")[2], "_sources" in src.path.parts)(text)
+    return Extracted(out.title, out.sections, encoding)
 
 
-def render_man(path: Path, width: int = 1000) -> str | None:
-    """A man page as plain text (man-db: no hyphenation, no justification, MANWIDTH ``width``)."""
-    env = {**os.environ, "MANWIDTH": str(width), "MAN_KEEP_FORMATTING": "", "LC_ALL": "C.UTF-8"}
-    try:
-        r = subprocess.run(["man", "--nh", "--nj", "-P", "cat", "-l", str(path)], capture_output=True, env=env,
-                           timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if r.returncode != 0 or not r.stdout:
-        return None
-    return re.sub(r".\x08", "", r.stdout.decode("utf-8", errors="replace"))
-
-
-class _HtmlText(html.parser.HTMLParser):
-    BLOCK = {"p", "div", "li", "ul", "ol", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "br", "tr", "table", "dt",
-             "dd", "dl", "section", "article", "blockquote", "hr", "td", "th"}
-    SKIP = {"script", "style", "head", "nav", "noscript", "svg"}
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self.title: list[str] = []
-        self._skip = 0
-        self._in_title = False
-
-    def handle_starttag(self, tag: str, attrs: Any) -> None:
-        if tag == "title":
-            self._in_title = True
-        elif tag in self.SKIP:
-            self._skip += 1
-        if tag in self.BLOCK:
-            self.parts.append("\n\n")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "title":
-            self._in_title = False
-        elif tag in self.SKIP and self._skip:
-            self._skip -= 1
-        if tag in self.BLOCK:
-            self.parts.append("\n\n")
-
-    def handle_data(self, data: str) -> None:
-        if self._in_title:
-            self.title.append(data)
-        elif not self._skip:
-            self.parts.append(data.replace("\n", " "))
-
-
-def html_text(markup: str) -> tuple[str, str]:
-    """(title, text with a blank line between blocks) of an HTML page."""
-    p = _HtmlText()
-    try:
-        p.feed(markup)
-        p.close()
-    except Exception:  # noqa: BLE001 -- a broken page gives what was parsed before it broke
-        pass
-    return " ".join("".join(p.title).split()), "".join(p.parts)
-
-
-def _clean_markup_line(line: str) -> str | None:
-    if _RULE.match(line) or line.lstrip().startswith(".. ") or line.strip() in ("::", "```"):
-        return None
-    line = _ROLE.sub(r"\1", line)
-    line = re.sub(r"^\s*#{1,6}\s+", "", line)
-    line = line.replace("``", "").replace("**", "")
-    return re.sub(r"::\s*$", ":", line)
-
-
-def paragraphs(text: str, kind: str) -> tuple[str, list[str]]:
-    """(title, paragraphs) of one document's text; a paragraph's lines joined by spaces."""
-    title = ""
-    if kind == "html":
-        title, text = html_text(text)
+def man_paragraphs(text: str) -> tuple[str, list[str]]:
+    """(the NAME line, paragraphs) of a man page rendered without justification: the header and footer lines
+    and the section headings (NAME, DESCRIPTION) dropped, a paragraph's lines joined by spaces."""
     lines = text.splitlines()
-    if kind == "man":
-        body = [i for i, ln in enumerate(lines) if ln.strip()]
-        if len(body) >= 2:  # the header and footer lines (LS(1)  User Commands  LS(1))
-            lines = [ln for i, ln in enumerate(lines) if i not in (body[0], body[-1])]
+    body = [i for i, ln in enumerate(lines) if ln.strip()]
+    if len(body) >= 2:  # the header and footer lines (LS(1)  User Commands  LS(1))
+        lines = [ln for i, ln in enumerate(lines) if i not in (body[0], body[-1])]
+    title = ""
     out: list[str] = []
     cur: list[str] = []
-    heading_next = kind == "man"
+    heading_next = True
     for line in lines:
-        if kind == "man" and line and not line[0].isspace() and line.strip().upper() == line.strip():
-            if cur:  # a section heading (NAME, DESCRIPTION): a boundary, not text
+        if line and not line[0].isspace() and line.strip().upper() == line.strip():
+            if cur:  # a section heading: a boundary, not text
                 out.append(" ".join(cur))
                 cur = []
             heading_next = line.strip() == "NAME"
             continue
-        if kind == "text":
-            cleaned = _clean_markup_line(line)
-            if cleaned is None:
-                if cur:
-                    out.append(" ".join(cur))
-                    cur = []
-                continue
-            line = cleaned
         if not line.strip():
             if cur:
                 out.append(" ".join(cur))
                 cur = []
             continue
         cur.append(line.strip())
-        if heading_next and kind == "man" and not title:
+        if heading_next and not title:
             title = line.strip()
     if cur:
         out.append(" ".join(cur))
-    out = [" ".join(p.split()) for p in out]
-    if kind == "text" and not title:
-        title = next((p for p in out if 1 <= len(p.split()) <= 12), "")
-    return title, [p for p in out if p]
+    return title, [p for p in (" ".join(p.split()) for p in out) if p]
+
+
+def section_paragraphs(sections: Iterable[str]) -> list[str]:
+    """The paragraphs of a document's sections (blank-line separated; a heading is a paragraph of its own),
+    each one line.
+
+    >>> section_paragraphs(["Tar\\n\\nUse it\\nto pack.\\n\\n  x  ", "Extract"])
+    ['Tar', 'Use it to pack.', 'x', 'Extract']
+    """
+    return [p for s in sections for p in (" ".join(b.split()) for b in _PARAGRAPH_BREAK.split(s)) if p]
 
 
 def mostly_words(paragraph: str, share: float = 0.5) -> bool:
@@ -309,13 +254,24 @@ def cut_passages(paras: Iterable[str], min_words: int = 100, max_words: int = 20
     return [p for p in out if p.strip()]
 
 
-def _document_passages(src: Source, min_words: int, max_words: int, man_width: int) -> tuple[str, list[str]]:
-    text = render_man(src.path, man_width) if src.kind == "man" else _read(src.path)
-    if not text:
-        return "", []
-    title, paras = paragraphs(text, src.kind)
+def _document_passages(src: Source, min_words: int, max_words: int, man_width: int) -> tuple[str, list[str], str]:
+    """(the title found, the passages, why nothing was read: "" when read) of one source."""
+    if src.kind == "man":
+        text = render_man(src.path, man_width, justify=False)
+        if not text:
+            return "", [], "man could not render it"
+        title, paras = man_paragraphs(text)
+    else:
+        try:
+            doc = read_document(src)
+        except Unreadable as e:
+            return "", [], str(e)
+        except Exception as e:  # noqa: BLE001 -- a reader's failure on one file skips that file, never the run
+            return "", [], f"the reader failed: {type(e).__name__}"
+        paras = section_paragraphs(doc.sections)
+        title = doc.title or next((p for p in paras if 1 <= len(p.split()) <= 12), "")
     paras = [p for p in paras if mostly_words(p)]
-    return title, cut_passages(paras, min_words, max_words)
+    return title, cut_passages(paras, min_words, max_words), ""
 
 
 def _title(src: Source, found: str) -> str:
@@ -381,7 +337,7 @@ def build_pool(out: Path, *, man_root: Path | None, doc_root: Path | None, min_w
     if limit_files:
         srcs = srcs[:limit_files]
     tokenizer = tokenizer or default_tokenizer()
-    results: list[tuple[str, list[str]]] = [("", [])] * len(srcs)
+    results: list[tuple[str, list[str], str]] = [("", [], "")] * len(srcs)
     with ThreadPoolExecutor(max(1, workers)) as pool:
         futures = {pool.submit(_document_passages, s, min_words, max_words, man_width): i for i, s in enumerate(srcs)}
         for done, (fut, i) in enumerate(futures.items(), 1):
@@ -390,7 +346,10 @@ def build_pool(out: Path, *, man_root: Path | None, doc_root: Path | None, min_w
                 print(f"  {done}/{len(srcs)} files, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     rows: list[dict[str, Any]] = []
     files_used: Counter = Counter()
-    for src, (found, passages) in zip(srcs, results, strict=True):
+    unread: Counter = Counter()
+    for src, (found, passages, why) in zip(srcs, results, strict=True):
+        if why:
+            unread[why.split(":")[0][:60]] += 1
         if passages:
             files_used[src.source] += 1
         title = _title(src, found)
@@ -422,6 +381,7 @@ def build_pool(out: Path, *, man_root: Path | None, doc_root: Path | None, min_w
     w = np.asarray(words or [0])
     stats = {"passages": int(sum(kept.values())), "by_source": dict(sorted(kept.items())),
              "files": {"read": len(srcs), "with_passages": dict(sorted(files_used.items())),
+                       "unreadable": dict(unread.most_common(20)),
                        "excluded_not_debian": dict(excluded.most_common(20)),
                        "excluded_total": int(sum(excluded.values()))},
              "dropped": dropped, "words": {"mean": round(float(w.mean()), 1), "median": median(words),

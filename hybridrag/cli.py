@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -480,6 +481,45 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+CHECKOUT_ONLY = ("the wheel ships the service (index_builder, rerank, retrieval, hybridrag); bench/ and training/ "
+                 "live in the repository: clone it and run 'bash scripts/setup.sh --bench' there (pip install -e "
+                 "'.[bench]')")
+
+
+def _checkout_only(name: str, what: str) -> Callable[[Any], None]:
+    """The subcommand ``name`` where its package (``bench``, ``training``) is not installed (a wheel, not the
+    checkout's editable install): it takes any arguments and says, in one line, what to install."""
+
+    def add(sub: Any) -> None:
+        p = sub.add_parser(name, add_help=False, help=f"{what} (needs the repository checkout)")
+        p.set_defaults(func=cmd_checkout_only, verbose=False, bench_args=[])
+
+    return add
+
+
+def cmd_checkout_only(args: argparse.Namespace) -> int:
+    print(f"hybridrag {args.command}: needs the repository checkout: {CHECKOUT_ONLY}", file=sys.stderr)
+    return 2
+
+
+def checkout_module(name: str) -> Any:
+    """``bench`` or ``training`` (the repository's, never in the wheel), imported; None outside a checkout. An
+    editable install maps only the product's packages, so when the import fails the checkout is looked for where
+    this package lives: its root holds them (as the reader processes and the Ray runtime find it)."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:  # it is there, and something it imports is missing: say so as it is
+            raise
+    root = Path(__file__).resolve().parent.parent
+    if not (root / name / "__init__.py").is_file():
+        return None
+    sys.path.append(str(root))
+    return importlib.import_module(name)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """A benchmark or tuning study (``bench.SCRIPTS``): its own options follow ``bench NAME``."""
     import importlib
@@ -597,9 +637,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_models_parser(sub)
 
-    from training.cli import add_parser as add_train_parser  # the command's module imports torch only when run
+    if checkout_module("training") is None:
+        _checkout_only("train", "train the cross-encoder or late-interaction model")(sub)
+    else:
+        from training.cli import add_parser as add_train_parser  # it imports torch only when the command runs
 
-    add_train_parser(sub)
+        add_train_parser(sub)
 
     p = sub.add_parser("serve", help="serve an index over gRPC (hybridrag.v1.Retriever, health, reflection) and, "
                                      "with --http-port, over HTTP (REST + SSE, OpenAI-compatible, playground)")
@@ -705,13 +748,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(r)
     r.set_defaults(func=cmd_index_rebuild)
 
-    from bench import SCRIPTS
+    if checkout_module("bench") is None:
+        _checkout_only("bench", "benchmarks and tuning studies")(sub)
+    else:
+        from bench import SCRIPTS
 
-    p = sub.add_parser("bench", help="benchmarks and tuning studies (from the repository checkout; bench/README.md)")
-    bsub = p.add_subparsers(dest="bench_command", required=True)
-    for name, (module, what) in SCRIPTS.items():  # each parses its own options: hybridrag bench NAME --help
-        q = bsub.add_parser(name, add_help=False, help=f"{what} (python -m {module})")
-        q.set_defaults(func=cmd_bench, verbose=False, bench_args=[])
+        p = sub.add_parser("bench", help="benchmarks and tuning studies (from the repository checkout; bench/README.md)")
+        bsub = p.add_subparsers(dest="bench_command", required=True)
+        for name, (module, what) in SCRIPTS.items():  # each parses its own options: hybridrag bench NAME --help
+            q = bsub.add_parser(name, add_help=False, help=f"{what} (python -m {module})")
+            q.set_defaults(func=cmd_bench, verbose=False, bench_args=[])
 
     p = sub.add_parser("quickstart", help="build the sample corpus index, answer sample queries, generate an answer")
     p.add_argument("--out", default="indexes/sample")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,48 @@ from retrieval.live.store import DocumentStore
 from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
 from tests.helpers import SAMPLE
+
+# pytest-xdist (the README's command, ``-n 2``): a file's tests run on one worker, so its module fixtures (servers,
+# clusters) are set up once; these run together: the two fuzzers share one server (``fuzz_server``), and the Ray
+# tests run one after another (a cluster's teardown, ``ray stop --force``, ends every Ray process on the machine).
+# Session fixtures are built once per worker. xdist's own ``--dist loadgroup`` cannot be used: it renames test ids
+# through an attribute pytest 9 no longer reads.
+XDIST_GROUPS = {"tests/retrieval/serving/test_fuzz.py": "fuzz_server",
+                "tests/retrieval/serving/test_http_fuzz.py": "fuzz_server",
+                "tests/index_builder/test_ray_build.py": "ray",
+                "tests/bench/test_bench_smoke.py::test_ray_build_bench_smoke": "ray"}
+
+
+# The longest units first (docs/development.md lists the slowest tests), so that no worker starts one near the end.
+XDIST_FIRST = ("ray", "tests/retrieval/test_beir_scifact.py", "tests/bench/test_bench_smoke.py",
+               "tests/hybridrag/test_config_cli.py", "tests/index_builder/test_token_storage.py",
+               "tests/bench/test_scale_smoke.py", "tests/index_builder/test_stream_build.py",
+               "tests/hybridrag/test_sync_operator.py", "tests/retrieval/generation/test_answer_cache.py")
+
+
+def _xdist_unit(nodeid: str) -> str:
+    file = nodeid.split("::", 1)[0]
+    return XDIST_GROUPS.get(nodeid.split("[", 1)[0]) or XDIST_GROUPS.get(file) or file
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Work units of whole files, or of the groups above, handed out in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _xdist_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return FilesAndGroups(config, log)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under xdist (a worker), the units of ``XDIST_FIRST`` first: every worker orders its collection alike."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {unit: i for i, unit in enumerate(XDIST_FIRST)}
+        items.sort(key=lambda item: rank.get(_xdist_unit(item.nodeid), len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture(autouse=True)
@@ -119,6 +162,20 @@ def writable_template(tmp_path_factory, sample_docs, config, embedder) -> Path:
     store.close()
     build_snapshot(docs, root / "index", config.build_config(), embedder, covered_seq=seq)
     return root
+
+
+@pytest.fixture(scope="session")
+def fuzz_server(writable_template, tmp_path_factory):
+    """One ``hybridrag serve`` (both doors, a store, tenant-bound keys) that both fuzzers send their requests to
+    (tests/retrieval/serving/test_fuzz.py and test_http_fuzz.py), started and warmed once a session."""
+    from tests.retrieval.serving.fuzzing import FuzzServer
+
+    server = FuzzServer(tmp_path_factory.mktemp("fuzz-server"), writable_template)
+    try:
+        server.warm()
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture()

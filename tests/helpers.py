@@ -11,6 +11,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from retrieval.generation.embedded import free_port  # the one free-port helper (tests and benches import it)
+
+__all__ = ["CE_MODEL", "REPO", "SAMPLE", "SHARED", "SHARED_BEIR", "RedisServer", "ServeProcess", "free_port",
+           "train_cross_encoder_cli"]
+
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "sample"
 SHARED = REPO.parent / "shared"
@@ -96,14 +101,11 @@ class RedisServer:
     answers PING. ``binary``: ``shutil.which("redis-server")`` (the callers skip when it is absent)."""
 
     def __init__(self, binary: str, folder: Path) -> None:
-        import socket
         import time
 
         import redis
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                                       "--appendonly", "no", "--dir", str(folder)], stdout=subprocess.DEVNULL)
         self.url = f"redis://127.0.0.1:{self.port}/0"

@@ -16,7 +16,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,14 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from retrieval.generation.embedded import free_port  # the one free-port helper (also tests.helpers')
+
 REPO = Path(__file__).resolve().parent.parent.parent
 API_KEY_ENV = "HYBRIDRAG_API_KEY"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def api_key() -> str:

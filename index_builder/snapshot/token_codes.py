@@ -1,56 +1,48 @@
-"""Compact token stores for late interaction: codecs for the stored token vectors, and MaxSim on their codes.
+"""Compact token stores for late interaction: the stateless codecs an index stores its token vectors with, and
+MaxSim on their codes.
 
-Today every stored token is its full vector: 384 int8 dims plus a float32 scale (388 B; 95 % of an index). A
-:class:`TokenCodec` turns a passage's token vectors into fewer bytes in three optional steps, each fitted at build
-on a sample of the corpus's own token vectors and stored with the index (:meth:`TokenCodec.to_arrays`):
+A plain store keeps every token's vector: 384 int8 dims plus a float32 scale (388 B). A :class:`TokenCodec` turns
+a passage's token vectors into fewer bytes in up to two steps, neither fitted on the corpus (a build codes each
+batch as it is embedded, with no pass over the corpus first; ``check_storage`` in :mod:`index_builder.settings`
+names what an index may store):
 
-1. **pooling** (``poolN``, :mod:`index_builder.snapshot.token_pooling`): the passage's tokens clustered by Ward's method over the
-   unit vectors into ``t // N`` clusters, each replaced by its renormalised mean (Clavie et al. 2024; at build
-   only, so positions are lost: a pooled store gives no token similarities for windows);
-2. **projection** (``pcaM``): onto the top ``M`` principal components of the sample (mean removed); queries are
-   projected the same way at scoring time, and ``q . mean`` is added back, so scores are those of the decoded
-   vectors ``mean + y @ P``;
-3. **quantisation** of the (projected) vector ``y``, one of :data:`QUANTS`:
+1. **pooling** (``poolN``, :mod:`index_builder.snapshot.token_pooling`): the passage's tokens clustered by Ward's
+   method over the unit vectors into ``t // N`` clusters, each replaced by its renormalised mean (Clavie et al. 2024;
+   at build only, so positions are lost: a pooled store gives no token similarities for windows);
+2. **quantisation** of each vector ``y``, one of:
 
-   * ``int8``: symmetric per-vector int8 with a float32 scale (today's store: ``y ~= c * s``, ``s = max|y| / 127``);
+   * ``int8``: symmetric per-vector int8 with a float32 scale (``y ~= c * s``, ``s = max|y| / 127``);
    * ``int4``: symmetric per-vector 4-bit (levels -7..7) with a float16 scale, two dims per byte;
    * ``bin``: 1-bit sign (``y ~= sign(y)``, the values -1 and +1), scored asymmetrically: the float query against
-     the signs (Vespa's binarised ColBERT); ``bins`` adds a float16 per-vector scale ``mean|y|``;
-   * ``res1`` / ``res2``: ColBERTv2 / PLAID residual codes: the nearest of ``kK`` centroids (faiss k-means) plus the
-     residual quantised to 1 or 2 bits per dim on a per-dim uniform grid (offset and step fitted to the sample's
-     residuals by least squares); ``k1`` is one centroid (the sample mean): per-dim 1- or 2-bit scalar codes with no
-     id stored.
+     the signs (Vespa's binarised ColBERT); ``bins`` adds a float16 per-vector scale ``mean|y|``.
 
-A spec names the steps, ``+``-joined, in any order: ``"int8"`` (today), ``"pool2+pca128+res2+k1024"``
-(:class:`CodecSpec`). MaxSim is computed on the codes, never on vectors decoded to the original space: the query's
-token vectors are projected once, the codes are unpacked to small integers of the head's tokens only, and one
-matrix product with the (per-dim step scaled) query gives every similarity; per-vector scales, the
-centroids' share (``C @ q`` once per query, gathered by id) and constant terms are added to the product.
-:meth:`TokenCodec.token_maxsims` has the contract of :func:`rerank.maxsim.token_maxsims` and, for ``int8``, the same
-arithmetic (bit-identical scores).
+A spec names the steps, ``+``-joined, in any order: ``"int8"``, ``"pool3+bins"`` (:class:`CodecSpec`). MaxSim is
+computed on the codes, never on vectors decoded first: the codes of the head's tokens are unpacked to small integers
+and one matrix product with the query gives every similarity; per-vector scales and constant terms are added to
+the product. :meth:`TokenCodec.token_maxsims` has the contract of :func:`rerank.maxsim.token_maxsims` and, for
+``int8``, the same arithmetic (bit-identical scores).
 
-Shapes: ``d`` the token encoder's dimension, ``m`` the coded dimension (``M`` with a projection, else ``d``), ``T``
-tokens, ``n`` passages; every array is numpy. Pure numpy; faiss for k-means and the nearest centroid, scipy (a
-dependency of pytrec-eval-terrier) for Ward's linkage.
+The codecs fitted on a corpus (a PCA projection, ColBERTv2 / PLAID residual codes over k-means centroids) were
+measured by the token-codes study and not chosen (docs/results/token-codes.md); they live with the study, as a
+subclass of :class:`TokenCodec` (``bench/studies/token_codes.py``), and an index cannot store them.
+
+Shapes: ``d`` the token encoder's dimension, ``T`` tokens, ``n`` passages; every array is numpy. Pure numpy; scipy
+(a dependency of pytrec-eval-terrier) for Ward's linkage.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar
 
 import numpy as np
 
-from index_builder.settings import STORAGES, CodecSpec, check_storage
-from index_builder.snapshot.token_pooling import pool_tokens, pool_tokens_grouped
+from index_builder.settings import STORAGES, CodecSpec, check_storage, is_stateless
+from index_builder.snapshot.token_pooling import pool_tokens_grouped
 
-_STEP_GRID = np.linspace(0.2, 2.4, 23)  # candidate residual steps, in units of the dim's standard deviation
-
-
-# ------------------------------------------------------------------------------------------------ the spec
+BITS = {"int8": 8, "int4": 4, "bin": 1, "bins": 1}  # bits per coded dim of each stateless quantiser
 
 
 # ------------------------------------------------------------------------------------------------ the codes
@@ -60,18 +52,18 @@ _STEP_GRID = np.linspace(0.2, 2.4, 23)  # candidate residual steps, in units of 
 class TokenCodes:
     """A coded token store: ``codes`` [T, B] (int8 for ``int8``, packed uint8 otherwise), ``offsets`` int64
     [n + 1] (passage i owns rows ``offsets[i]:offsets[i + 1]``), ``scales`` [T] (float32 for ``int8``, float16 for
-    ``int4`` / ``bins``) or None, ``ids`` [T] (uint8 up to 256 centroids, else uint16; ``res*`` with k > 1) or None.
-    A pooled store also keeps ``groups`` (uint8 [tokens before pooling]: each original token's row among its
-    passage's pooled rows) with ``group_offsets`` [n + 1], so a pooled row's similarity can be given back to the
-    tokens it stands for (:meth:`rerank.late_interaction.LateInteractionReranker.token_sims`). Any array may be a
-    memmap."""
+    ``int4`` / ``bins``) or None. A pooled store also keeps ``groups`` (uint8 [tokens before pooling]: each original
+    token's row among its passage's pooled rows) with ``group_offsets`` [n + 1], so a pooled row's similarity can be
+    given back to the tokens it stands for (:meth:`rerank.late_interaction.LateInteractionReranker.token_sims`). Any
+    array may be a memmap. ``ROWS``: the arrays with one row per stored vector and the file each is saved as (a
+    subclass with more per-row arrays adds them)."""
 
     codes: np.ndarray
     offsets: np.ndarray
     scales: np.ndarray | None = None
-    ids: np.ndarray | None = None
     groups: np.ndarray | None = None
     group_offsets: np.ndarray | None = None
+    ROWS: ClassVar[dict[str, str]] = {"codes": "token_codes", "scales": "token_scales"}
 
     @property
     def passages(self) -> int:
@@ -83,17 +75,13 @@ class TokenCodes:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every array (codes, offsets, scales, ids)."""
-        return int(sum(a.nbytes for a in (self.codes, self.offsets, self.scales, self.ids, self.groups,
-                                          self.group_offsets) if a is not None))
+        """Bytes of every array."""
+        return int(sum(a.nbytes for a in (getattr(self, f.name) for f in fields(self)) if a is not None))
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The arrays to save (``np.save(f"{name}.npy", a)`` each); :meth:`from_arrays` reads them back."""
-        out = {"token_codes": self.codes, "token_offsets": self.offsets}
-        if self.scales is not None:
-            out["token_scales"] = self.scales
-        if self.ids is not None:
-            out["token_centroid_ids"] = self.ids
+        out = {name: getattr(self, attr) for attr, name in self.ROWS.items() if getattr(self, attr) is not None}
+        out["token_offsets"] = self.offsets
         if self.groups is not None and self.group_offsets is not None:
             out["token_groups"], out["token_group_offsets"] = self.groups, self.group_offsets
         return out
@@ -101,9 +89,10 @@ class TokenCodes:
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> TokenCodes:
         go = arrays.get("token_group_offsets")
-        return cls(arrays["token_codes"], np.asarray(arrays["token_offsets"], dtype=np.int64),
-                   arrays.get("token_scales"), arrays.get("token_centroid_ids"), arrays.get("token_groups"),
-                   None if go is None else np.asarray(go, dtype=np.int64))
+        rows: dict[str, Any] = {attr: arrays.get(name) for attr, name in cls.ROWS.items()}
+        rows["codes"] = arrays["token_codes"]
+        return cls(offsets=np.asarray(arrays["token_offsets"], dtype=np.int64), groups=arrays.get("token_groups"),
+                   group_offsets=None if go is None else np.asarray(go, dtype=np.int64), **rows)
 
     @classmethod
     def concat(cls, parts: Sequence[TokenCodes]) -> TokenCodes:
@@ -120,6 +109,7 @@ class TokenCodes:
         for p in parts:
             offsets.append(np.asarray(p.offsets[1:], dtype=np.int64) + base)
             base += p.tokens
+
         def cat(name: str) -> np.ndarray | None:
             arrays = [getattr(p, name) for p in parts]
             if all(a is None for a in arrays):
@@ -127,8 +117,9 @@ class TokenCodes:
             if any(a is None for a in arrays):
                 raise ValueError(f"some parts have {name}, some do not")
             return np.concatenate([np.asarray(a) for a in arrays])
-        codes = cat("codes")
-        assert codes is not None
+
+        rows: dict[str, Any] = {attr: cat(attr) for attr in cls.ROWS}
+        assert rows["codes"] is not None
         group_offsets: np.ndarray | None = None
         if all(p.groups is not None and p.group_offsets is not None for p in parts):
             steps, base = [np.zeros(1, np.int64)], 0
@@ -137,8 +128,8 @@ class TokenCodes:
                 steps.append(np.asarray(p.group_offsets[1:], dtype=np.int64) + base)
                 base += int(p.group_offsets[-1])
             group_offsets = np.concatenate(steps)
-        return cls(codes, np.concatenate(offsets), cat("scales"), cat("ids"),
-                   cat("groups") if group_offsets is not None else None, group_offsets)
+        return cls(offsets=np.concatenate(offsets), groups=cat("groups") if group_offsets is not None else None,
+                   group_offsets=group_offsets, **rows)
 
     def rows(self, head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The token rows of passages ``head`` (int [h]), back to back, and each passage's token count: (int64
@@ -174,31 +165,6 @@ def _unpack_nibbles(p: np.ndarray) -> np.ndarray:
     return out
 
 
-def _pack_crumbs(u: np.ndarray) -> np.ndarray:
-    """uint8 [n, m] values 0..3 -> uint8 [n, m/4]: byte j holds dims j, j + m/4, j + m/2, j + 3m/4 (bits 0-1, 2-3,
-    4-5, 6-7)."""
-    q = u.shape[1] // 4
-    return (u[:, :q] | (u[:, q:2 * q] << 2) | (u[:, 2 * q:3 * q] << 4) | (u[:, 3 * q:] << 6)).astype(np.uint8)
-
-
-def _unpack_crumbs(p: np.ndarray) -> np.ndarray:
-    q = p.shape[1]
-    out = np.empty((len(p), 4 * q), np.uint8)
-    for k in range(4):
-        np.bitwise_and(np.right_shift(p, 2 * k), 3, out=out[:, k * q:(k + 1) * q])
-    return out
-
-
-def _pack(u: np.ndarray, bits: int) -> np.ndarray:
-    return np.packbits(u.astype(bool), axis=1) if bits == 1 else _pack_crumbs(u) if bits == 2 else _pack_nibbles(u)
-
-
-def _unpack(p: np.ndarray, bits: int, m: int) -> np.ndarray:
-    if bits == 1:
-        return np.unpackbits(p, axis=1, count=m)
-    return _unpack_crumbs(p) if bits == 2 else _unpack_nibbles(p)
-
-
 def quantize_int8(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-vector int8, the ``int8`` store's (index_builder.models.token_encoders uses this one): (int8 [n, m],
     float32 scale [n]), ``v ~= q * scale``, ``scale = max|v| / 127``.
@@ -217,150 +183,49 @@ def quantize_int8(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------------------------------------------------ the codec
 
 
-def _bits(quant: str) -> int:
-    return {"int8": 8, "int4": 4, "bin": 1, "bins": 1, "res1": 1, "res2": 2}[quant]
-
-
 @dataclass
 class TokenCodec:
-    """A fitted codec (see the module docstring). Parameters: ``mean`` float32 [d] and ``projection`` float32
-    [m, d] (``pca``), ``centroids`` float32 [k, m], ``low`` and ``step`` float32 [m] (``res*``: residual level
-    ``low + u * step`` for code ``u``). Build one with :meth:`fit`, save it with :meth:`to_arrays`, read it with
-    :meth:`from_arrays`."""
+    """A stateless codec (see the module docstring): ``spec`` and the token vectors' dimension ``dim``; nothing is
+    fitted, so any two codecs of one spec and dimension code alike. A spec that needs fitting (``pca``, ``res*``)
+    is refused, naming where such codecs live. A subclass that fits (``FITTED``) extends the hooks :meth:`project`,
+    :meth:`query_terms`, :meth:`encode`, :meth:`_decode_coded` and :meth:`_similarities_coded`; ``CODES`` is the
+    store type :meth:`encode` makes."""
 
     spec: CodecSpec
     dim: int
-    mean: np.ndarray | None = None
-    projection: np.ndarray | None = None
-    centroids: np.ndarray | None = None
-    low: np.ndarray | None = None
-    step: np.ndarray | None = None
-    _centroid_index: Any = field(default=None, repr=False, compare=False)
+    FITTED: ClassVar[bool] = False
+    CODES: ClassVar[type[TokenCodes]] = TokenCodes
 
-    # ---- fitting and saving
+    def __post_init__(self) -> None:
+        if not (self.FITTED or is_stateless(self.spec)):
+            raise ValueError(f"codec {self.spec} needs fitting on a corpus (pca, res*): such codecs are the "
+                             f"token-codes study's (bench/studies/token_codes.py), not an index storage")
 
-    @classmethod
-    def fit(cls, spec: str | CodecSpec, sample: np.ndarray, offsets: np.ndarray | None = None, *, seed: int = 0,
-            kmeans_iters: int = 20, reuse: TokenCodec | None = None) -> TokenCodec:
-        """Fit ``spec`` on a sample of the corpus's token vectors ``sample`` float [N, d] (a few hundred thousand
-        rows suffice). With ``offsets`` (int [n + 1], the sample's passages) and a pooling spec, the sample is
-        pooled first, so the projection and centroids are fitted on what will be coded (pass ``offsets=None`` for
-        a sample already pooled). ``reuse``: a codec fitted on the same sample whose projection and centroids this
-        one shares when the spec allows (same pooling, projection and centroid count): only the residual grid is
-        fitted again (res1 and res2 over one k-means)."""
-        spec = CodecSpec.parse(spec)
-        x = np.asarray(sample, dtype=np.float32)
-        if spec.pool > 1 and offsets is not None:
-            x, _ = pool_tokens(x, offsets, spec.pool, spec.pool_method)
-        if reuse is not None:
-            same = (reuse.spec.pool, reuse.spec.pool_method, reuse.spec.pca) == (spec.pool, spec.pool_method, spec.pca)
-            if same and reuse.dim == x.shape[1]:
-                codec = cls(spec, reuse.dim, reuse.mean, reuse.projection)
-                if spec.quant.startswith("res") and reuse.centroids is not None and \
-                        len(reuse.centroids) == min(spec.centroids, len(x)):
-                    codec.centroids, codec._centroid_index = reuse.centroids, reuse._centroid_index
-                    y = codec.project(x)
-                    codec.low, codec.step = _fit_grid(_grid_sample(y - codec.centroids[codec.nearest(y)], seed),
-                                                      _bits(spec.quant))
-                    return codec
-                if not spec.quant.startswith("res"):
-                    return codec
-        d = x.shape[1]
-        m = spec.pca or d
-        if m > d:
-            raise ValueError(f"pca{m} is more dims than the vectors have ({d})")
-        need = {"int4": 2, "res2": 4}.get(spec.quant, 8 if spec.quant in ("bin", "bins", "res1") else 1)
-        if m % need:
-            raise ValueError(f"{spec.quant} needs a coded dimension divisible by {need}, got {m}")
-        codec = cls(spec, d)
-        if spec.pca:
-            mean = x.mean(axis=0, dtype=np.float64)
-            centred = x.astype(np.float64) - mean
-            cov = centred.T @ centred / max(len(x) - 1, 1)
-            values, vecs = np.linalg.eigh(cov)
-            top = vecs[:, np.argsort(-values)[:m]].T  # [m, d]
-            signs = np.sign(top[np.arange(m), np.abs(top).argmax(axis=1)])  # deterministic orientation
-            codec.mean, codec.projection = mean.astype(np.float32), (top * signs[:, None]).astype(np.float32)
-        if spec.quant.startswith("res"):
-            y = codec.project(x)
-            k = min(spec.centroids, len(y))
-            if k <= 1:
-                codec.centroids = y.mean(axis=0, keepdims=True).astype(np.float32)
-            else:
-                import faiss
-
-                km = faiss.Kmeans(m, k, niter=kmeans_iters, seed=seed, verbose=False)
-                km.train(np.ascontiguousarray(y))
-                codec.centroids = np.asarray(km.centroids, dtype=np.float32).reshape(k, m)
-            resid = _grid_sample(y - codec.centroids[codec.nearest(y)], seed)
-            codec.low, codec.step = _fit_grid(resid, _bits(spec.quant))
-        return codec
-
-    def to_arrays(self) -> dict[str, np.ndarray]:
-        """The codec's parameters as arrays (a 0-d unicode array holds the spec; no pickling needed)."""
-        out = {"codec_spec": np.array(json.dumps({"spec": str(self.spec), "dim": self.dim}))}
-        for name in ("mean", "projection", "centroids", "low", "step"):
-            a = getattr(self, name)
-            if a is not None:
-                out[f"codec_{name}"] = a
-        return out
-
-    @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> TokenCodec:
-        head = json.loads(str(arrays["codec_spec"]))
-        kw = {name: np.asarray(arrays[f"codec_{name}"], dtype=np.float32)
-              for name in ("mean", "projection", "centroids", "low", "step") if f"codec_{name}" in arrays}
-        return cls(CodecSpec.parse(head["spec"]), int(head["dim"]), **kw)
+    @property
+    def bits(self) -> int:
+        """Bits per coded dim."""
+        return BITS[self.spec.quant]
 
     @property
     def coded_dim(self) -> int:
-        return self.spec.pca or self.dim
+        """Dims per coded vector (``dim``: a stateless codec projects nothing)."""
+        return self.dim
 
     @property
     def bytes_per_token(self) -> int:
-        """Stored bytes per token vector: codes, scale, centroid id (offsets and parameters not counted)."""
-        m, q = self.coded_dim, self.spec.quant
-        code = m * _bits(q) // 8
-        scale = {"int8": 4, "int4": 2, "bins": 2}.get(q, 0)
-        ids = 0 if not q.startswith("res") or self.spec.centroids <= 1 else 1 if self.spec.centroids <= 256 else 2
-        return code + scale + ids
-
-    @property
-    def params_nbytes(self) -> int:
-        """Bytes of the fitted parameters (stored once per index)."""
-        return int(sum(a.nbytes for a in (self.mean, self.projection, self.centroids, self.low, self.step)
-                       if a is not None))
+        """Stored bytes per token vector: codes and scale (offsets not counted)."""
+        return self.coded_dim * self.bits // 8 + {"int8": 4, "int4": 2, "bins": 2}.get(self.spec.quant, 0)
 
     def describe(self) -> dict[str, Any]:
         """What a manifest records."""
         return {"spec": str(self.spec), "dim": self.dim, "coded_dim": self.coded_dim,
-                "bytes_per_token": self.bytes_per_token, "params_bytes": self.params_nbytes}
+                "bytes_per_token": self.bytes_per_token}
 
     # ---- coding
 
     def project(self, x: np.ndarray) -> np.ndarray:
-        """Vectors [n, d] in the coded space: float32 [n, m] (the vectors themselves without a projection)."""
-        x = np.asarray(x, dtype=np.float32)
-        if self.projection is None:
-            return x
-        assert self.mean is not None
-        return (x - self.mean) @ self.projection.T
-
-    def nearest(self, y: np.ndarray) -> np.ndarray:
-        """The nearest centroid of each coded vector [n, m]: int64 [n]."""
-        assert self.centroids is not None
-        if len(self.centroids) == 1:
-            return np.zeros(len(y), np.int64)
-        if self._centroid_index is None:
-            import faiss
-
-            self._centroid_index = faiss.IndexFlatL2(self.centroids.shape[1])
-            self._centroid_index.add(np.ascontiguousarray(self.centroids))
-        out = np.empty(len(y), np.int64)
-        for s in range(0, len(y), 65_536):
-            _, idx = self._centroid_index.search(np.ascontiguousarray(y[s:s + 65_536], dtype=np.float32), 1)
-            out[s:s + 65_536] = idx[:, 0]
-        return out
+        """Vectors [n, d] in the coded space: float32 [n, m] (the vectors themselves here)."""
+        return np.asarray(x, dtype=np.float32)
 
     def encode(self, vectors: np.ndarray) -> TokenCodes:
         """Token vectors float [T, d] as one passage's codes (no pooling: see :meth:`encode_passages`)."""
@@ -370,23 +235,16 @@ class TokenCodec:
         offsets = np.array([0, len(v)], np.int64)
         if q == "int8":
             codes, scales = quantize_int8(y)
-            return TokenCodes(codes, offsets, scales)
+            return self.CODES(codes, offsets, scales)
         if q == "int4":
             s = (np.abs(y).max(axis=1) / 7.0 if len(y) else np.zeros(0, np.float32)).astype(np.float16)
             safe = np.where(s > 0, s.astype(np.float32), 1.0)
             u = (np.clip(np.rint(y / safe[:, None]), -7, 7) + 8).astype(np.uint8)
-            return TokenCodes(_pack_nibbles(u), offsets, s)
+            return self.CODES(_pack_nibbles(u), offsets, s)
         if q in ("bin", "bins"):
-            codes = np.packbits(y > 0, axis=1)
             mean_abs = np.abs(y).mean(axis=1).astype(np.float16) if q == "bins" else None
-            return TokenCodes(codes, offsets, mean_abs)
-        assert self.centroids is not None and self.low is not None and self.step is not None
-        ids = self.nearest(y)
-        levels = 2 ** _bits(q)
-        u = np.clip(np.rint((y - self.centroids[ids] - self.low) / self.step), 0, levels - 1).astype(np.uint8)
-        k = len(self.centroids)
-        id_arr = None if k <= 1 else ids.astype(np.uint8 if k <= 256 else np.uint16)
-        return TokenCodes(_pack(u, _bits(q)), offsets, None, id_arr)
+            return self.CODES(np.packbits(y > 0, axis=1), offsets, mean_abs)
+        raise ValueError(f"{type(self).__name__} cannot code {q}")
 
     def encode_passages(self, vectors: np.ndarray, offsets: np.ndarray) -> TokenCodes:
         """Every passage's token vectors (float [T, d], ``offsets`` int [n + 1]) pooled (when the spec pools) and
@@ -403,13 +261,9 @@ class TokenCodec:
         return replace(self.encode(vectors), offsets=offsets.astype(np.int64))
 
     def decode(self, codes: TokenCodes, rows: np.ndarray | None = None) -> np.ndarray:
-        """The vectors the codes stand for, in the original space: float32 [len(rows), d] (every row by default)."""
+        """The vectors the codes stand for: float32 [len(rows), d] (every row by default)."""
         rows = np.arange(len(codes.codes)) if rows is None else np.asarray(rows, dtype=np.int64)
-        y = self._decode_coded(codes, rows)
-        if self.projection is None:
-            return y
-        assert self.mean is not None
-        return y @ self.projection + self.mean
+        return self._decode_coded(codes, rows)
 
     def _decode_coded(self, codes: TokenCodes, rows: np.ndarray) -> np.ndarray:
         q, m = self.spec.quant, self.coded_dim
@@ -424,56 +278,46 @@ class TokenCodec:
         if q in ("bin", "bins"):
             s = np.unpackbits(c, axis=1, count=m).astype(np.float32) * 2.0 - 1.0
             return s if codes.scales is None else s * np.asarray(codes.scales[rows], dtype=np.float32)[:, None]
-        assert self.centroids is not None and self.low is not None and self.step is not None
-        u = _unpack(c, _bits(q), m).astype(np.float32)
-        ids = np.zeros(len(rows), np.int64) if codes.ids is None else np.asarray(codes.ids[rows], dtype=np.int64)
-        return self.centroids[ids] + self.low + u * self.step
+        raise ValueError(f"{type(self).__name__} cannot decode {q}")
 
     # ---- scoring
+
+    def query_terms(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The query tokens float32 [q, d] in the coded space [q, m], and a constant added to every similarity of
+        each query token ([q], or None): the query itself and nothing here."""
+        return query, None
 
     def similarities(self, query: np.ndarray, codes: TokenCodes, rows: np.ndarray) -> np.ndarray:
         """Every coded token ``rows`` (int [r]) against every query token (float [q, d]): float32 [r, q], computed
         on the codes (equal to ``decode(codes, rows) @ query.T`` up to float rounding)."""
-        qf = np.asarray(query, dtype=np.float32)
+        qy, const = self.query_terms(np.asarray(query, dtype=np.float32))
+        sims = self._similarities_coded(qy, codes, rows)
+        if const is not None:
+            sims += const
+        return sims.astype(np.float32, copy=False)
+
+    def _similarities_coded(self, qy: np.ndarray, codes: TokenCodes, rows: np.ndarray) -> np.ndarray:
         quant, m = self.spec.quant, self.coded_dim
-        if self.projection is not None:
-            assert self.mean is not None
-            qy = qf @ self.projection.T  # [q, m]
-            const = qf @ self.mean  # [q]: q . mean, the projection's share
-        else:
-            qy, const = qf, None
         c = np.asarray(codes.codes[rows])
         if quant == "int8":
-            assert codes.scales is not None  # today's arithmetic exactly (rerank.maxsim.token_maxsims)
+            assert codes.scales is not None  # the plain int8 store's arithmetic exactly (rerank.maxsim.token_maxsims)
             tokens = c.astype(np.float32)
             tokens *= np.asarray(codes.scales[rows], dtype=np.float32)[:, None]
-            sims = tokens @ qy.T
-        elif quant == "int4":
+            return tokens @ qy.T
+        if quant == "int4":
             assert codes.scales is not None
             h = m // 2
             sims = (np.bitwise_and(c, 15).astype(np.float32) @ qy[:, :h].T
                     + np.right_shift(c, 4).astype(np.float32) @ qy[:, h:].T - 8.0 * qy.sum(axis=1))
             sims *= np.asarray(codes.scales[rows], dtype=np.float32)[:, None]
-        elif quant in ("bin", "bins"):
+            return sims
+        if quant in ("bin", "bins"):
             bits = np.unpackbits(c, axis=1, count=m).astype(np.float32)
             sims = bits @ (2.0 * qy.T) - qy.sum(axis=1)
             if codes.scales is not None:
                 sims *= np.asarray(codes.scales[rows], dtype=np.float32)[:, None]
-        else:
-            assert self.centroids is not None and self.low is not None and self.step is not None
-            u = _unpack(c, _bits(quant), m).astype(np.float32)
-            sims = u @ (self.step[:, None] * qy.T) + qy @ self.low  # residual share
-            if codes.ids is None:
-                sims += self.centroids[0] @ qy.T
-            else:
-                ids = np.asarray(codes.ids[rows], dtype=np.int64)
-                if len(self.centroids) <= len(rows):  # PLAID: the query against every centroid once, gathered
-                    sims += (self.centroids @ qy.T)[ids]
-                else:
-                    sims += self.centroids[ids] @ qy.T
-        if const is not None:
-            sims += const
-        return sims.astype(np.float32, copy=False)
+            return sims
+        raise ValueError(f"{type(self).__name__} cannot score {quant}")
 
     def token_maxsims(self, query: np.ndarray, codes: TokenCodes, head: np.ndarray) -> np.ndarray:
         """MaxSim of one query against the passages ``head`` (int [h]): float32 [h, q], each query token's best
@@ -496,32 +340,6 @@ class TokenCodec:
         return self.token_maxsims(query, codes, head).sum(axis=1)
 
 
-def _grid_sample(resid: np.ndarray, seed: int, n: int = 20_000) -> np.ndarray:
-    if len(resid) <= n:
-        return resid
-    return resid[np.random.default_rng(seed).choice(len(resid), n, replace=False)]
-
-
-def _fit_grid(resid: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per dim, the uniform grid of ``2**bits`` levels ``low + u * step`` (u = 0..L-1) centred on the residuals'
-    mean whose step (a multiple of the dim's standard deviation, from ``_STEP_GRID``) gives the least squared
-    error on ``resid`` float [N, m]: (low, step), float32 [m] each."""
-    r = np.asarray(resid, dtype=np.float32)
-    levels = 2 ** bits
-    centre = r.mean(axis=0)
-    sd = np.maximum(r.std(axis=0), 1e-8)
-    best_err = np.full(r.shape[1], np.inf)
-    best_step = sd.copy()
-    for g in _STEP_GRID:
-        step = (g * sd).astype(np.float32)
-        low = centre - (levels - 1) / 2.0 * step
-        u = np.clip(np.rint((r - low) / step), 0, levels - 1)
-        err = ((low + u * step - r) ** 2).mean(axis=0)
-        better = err < best_err
-        best_err = np.where(better, err, best_err)
-        best_step = np.where(better, step, best_step)
-    return (centre - (levels - 1) / 2.0 * best_step).astype(np.float32), best_step.astype(np.float32)
-
 
 # ------------------------------------------------------------------------------------------------ stored forms
 
@@ -540,7 +358,7 @@ def stored_codec(storage: str, width: int) -> TokenCodec | None:
     if storage in PLAIN_STORAGES:
         return None
     spec = CodecSpec.parse(check_storage(storage))
-    return TokenCodec(spec, width * 8 // _bits(spec.quant))
+    return TokenCodec(spec, width * 8 // BITS[spec.quant])
 
 
 @functools.lru_cache(maxsize=64)

@@ -78,7 +78,7 @@ def test_live_bench_smoke(tmp_path):  # ~12 s on two idle cores (18 s busy): thr
     assert m["writes"] == 6 and m["buffered"] >= 6 and m["rss_peak_mib"] >= m["rss_before_mib"] > 0
 
 
-@pytest.mark.slow  # ~15 s: three servers, each with the embedded llama.cpp server
+@pytest.mark.slow  # ~25 s: three servers, each with the embedded llama.cpp server
 def test_generate_bench_smoke(tmp_path, sample_index_dir):
     from bench.generate import main
 
@@ -250,6 +250,7 @@ def test_build_bench_smoke(tmp_path):
     assert 0 < entry["rebuild_over_build"]
 
 
+@pytest.mark.slow  # ~25 s: starts a local Ray cluster
 def test_ray_build_bench_smoke(tmp_path):
     pytest.importorskip("ray", reason="the ray extra (setup.sh --ray) is not installed")
     from bench.ray_build import main

@@ -3,6 +3,7 @@ corpus's text laid out as markdown, text, HTML, a Sphinx tree and a man page), t
 real model, one on perturbed vectors), the quality run with distractors, and the vector cache the builds use
 (its vectors reproduce a snapshot's; perturbed rows are deterministic and shaped like real ones)."""
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -14,6 +15,8 @@ from bench.harness import read_result
 from tests.helpers import SAMPLE
 
 MARK = "SHOULD NOT APPEAR"
+LINKED = "linked manual page"
+ROLE = "tarfile.open"
 
 
 def _man_available() -> bool:
@@ -28,7 +31,12 @@ def _doc_tree(root):
     q = len(rows) // 4
     doc, man = root / "doc", root / "man"
     (doc / "pkg-a").mkdir(parents=True)
-    (doc / "pkg-a" / "README.md").write_text("# Package A\n\n" + "\n\n".join(r["text"] for r in rows[:q]))
+    (doc / "pkg-a" / "README.md").write_text("# Package A\n\n" + "\n\n".join(r["text"] for r in rows[:q])
+                                             + f"\n\nSee [the {LINKED}](https://{MARK.replace(' ', '-')}.example) "
+                                             + " ".join(rows[0]["text"].split()[:40]) + "\n")
+    with gzip.open(doc / "pkg-a" / "manual.rst.gz", "wt") as f:  # gzipped, as Debian ships most of its docs
+        f.write("Manual\n======\n\n" + f"Call :func:`{ROLE}` first. " + " ".join(rows[1]["text"].split()[:40]))
+    (doc / "pkg-a" / "logo.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" * 20)  # binary: unreadable, counted
     (doc / "pkg-a" / "notes.txt").write_text("Notes\n=====\n\n" + "\n\n".join(r["text"] for r in rows[q:2 * q]))
     (doc / "pkg-a" / "copyright").write_text(MARK + " licence text " * 50)
     (doc / "pkg-b").mkdir()
@@ -68,6 +76,11 @@ def test_scale_corpus_smoke(corpus_dir, tmp_path):
         assert stats["by_source"].get("man", 0) > 0
     pool = (corpus_dir / "pool.jsonl").read_text()
     assert MARK not in pool  # licences, scripts, styles and a Sphinx tree's rendered pages are skipped
+    # read by the product's readers (markdown-it-py, the rst rules): a link's text without its target, a role's
+    # text without its markup, a gzipped file read; a binary file counted with its reason, not read
+    assert f"the {LINKED}" in pool and "https://" not in pool and "](" not in pool
+    assert f"Call {ROLE} first." in pool and ":func:" not in pool
+    assert stats["files"]["unreadable"] == {"binary content (NUL bytes)": 1}
     rows = [json.loads(line) for line in pool.splitlines()]
     assert len({r["_id"] for r in rows}) == len(rows)  # deduplicated
     assert all(18 <= len(r["text"].split()) <= 60 for r in rows)
@@ -84,7 +97,8 @@ def test_scale_corpus_smoke(corpus_dir, tmp_path):
     assert ensure_corpus(again, 1000)[0].read_text() == "\n".join(big) + "\n"  # deterministic for a seed
 
 
-def test_scale_bench_smoke(corpus_dir, tmp_path):  # ~11 s: two builds in child processes, two servers, recall
+@pytest.mark.slow  # ~35 s: builds in child processes, spawned servers, loads, recall, rebuilds, two indexes served
+def test_scale_bench_smoke(corpus_dir, tmp_path):
     from bench.scale import main
 
     out, plots = tmp_path / "scale.json", tmp_path / "plots"

@@ -17,7 +17,7 @@ from retrieval.client import ClientOptions, RetrieverClient
 from tests.helpers import REPO, ServeProcess
 from tests.index_builder.test_folder import make_folder
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # the folder flow end to end: builds, a spawned server, syncs and re-runs (~10 s each)
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,10 +19,10 @@ import pytest
 from hybridrag.cli import main
 from retrieval.api import retriever_pb2 as pb
 from retrieval.client import ClientOptions, RetrieverClient
-from tests.helpers import REPO, ServeProcess
+from tests.helpers import REPO, ServeProcess, free_port
 from tests.index_builder.test_folder import sample_passages
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # spawned servers killed and restarted under a --watch sync (~20-40 s a test)
 
 API_KEYS = {"k-a": ["acme"], "k-b": ["initech"], "k-admin": ["*"]}
 SERVE_ENV = {"HYBRIDRAG_API_KEYS": json.dumps(API_KEYS), "HYBRIDRAG_GENERATION__EMBEDDED__ENABLED": "false",
@@ -176,9 +175,7 @@ def test_refusals_are_one_line_and_the_key_stays_off_the_command_line(server, tm
     key_file.write_text("k-a\n")
     rc, out, err = sync(capsys, *args, "--api-key-file", str(key_file))
     assert rc == 0 and "unchanged 1" in out and "visible" not in err, (rc, out, err)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        nobody = f"127.0.0.1:{s.getsockname()[1]}"
+    nobody = f"127.0.0.1:{free_port()}"
     t = time.monotonic()
     line = refused(*sync(capsys, str(root), "--server", nobody, "--tenant", "acme", "--api-key-file", str(key_file),
                          "--retry-for", "2")[::2])
@@ -202,18 +199,12 @@ def page_tree_bomb(kids: int) -> bytes:
     return out + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_watch_outlives_its_server_and_a_bad_file(writable, tmp_path):
     """Started while the server is down, through a kill -9 and a restart on the same port, and past a PDF that
     ends pypdf at its limits: the watch keeps going, says so once per outage, and syncs what changed meanwhile."""
     root = tmp_path / "watched"
     write(root, {"first.md": 11})
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDRAG_")}
     env |= {"HYBRIDRAG_API_KEY": "k-a", "XDG_STATE_HOME": str(tmp_path / "state")}
     watch = subprocess.Popen([sys.executable, "-m", "hybridrag", "sync", str(root), "--server", f"127.0.0.1:{port}",

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,18 +25,12 @@ import pytest
 from index_builder.build.builder import build_snapshot
 from index_builder.documents.corpus import read_corpus
 from index_builder.snapshot.format import current_snapshot_dir
-from tests.helpers import REPO, SHARED_BEIR
+from tests.helpers import REPO, SHARED_BEIR, free_port
 
 pytest.importorskip("ray", reason="the ray extra (setup.sh --ray) is not installed")
 RAY = Path(sys.executable).with_name("ray")
 DOCS = 300  # SciFact's first documents: ~580 chunks, 18 batches of 32
 BATCH = 32
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +40,7 @@ def cluster() -> Iterator[dict[str, str]]:
     (tmp / "token").write_text(os.urandom(32).hex())
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp / "token"),
            "RAY_USAGE_STATS_ENABLED": "0"}
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     common = ["--disable-usage-stats", "--object-store-memory", "100000000"]
     try:
@@ -154,6 +147,7 @@ def _same_snapshot(a_root: Path, b_root: Path) -> None:
         assert (a / name).read_text() == (b / name).read_text()
 
 
+@pytest.mark.slow  # ~110 s and the cluster's start (~70 s): a three-node Ray cluster, a worker killed mid-build
 def test_a_two_node_ray_build_with_a_killed_worker_writes_the_local_build_s_snapshot(cluster, corpus, local_build,
                                                                                     tmp_path):
     """Two encoder actors, one per worker node; one is killed (kill -9 of its process) once two segments are
@@ -179,6 +173,7 @@ def test_a_two_node_ray_build_with_a_killed_worker_writes_the_local_build_s_snap
     print(f"\n[ray] killed actor {pids[0]} after {before} segments; {embedded} passages embedded on 2 nodes")
 
 
+@pytest.mark.slow  # ~60 s: two Ray builds, the first one's driver killed
 def test_a_ray_build_whose_driver_dies_keeps_the_previous_generation_and_resumes(cluster, corpus, local_build,
                                                                                 tmp_path):
     """The driver killed (kill -9) after three segments: ``CURRENT`` still names the previous generation; the same
@@ -214,13 +209,14 @@ def test_a_ray_build_whose_driver_dies_keeps_the_previous_generation_and_resumes
     print(f"\n[ray] driver killed after {done} segments; the resumed build embedded {embedded} of {total} passages")
 
 
+@pytest.mark.slow  # ~80 s: a Ray build into a spawned engine host
 def test_a_ray_build_into_the_engine_upserts_from_parallel_tasks(cluster, corpus, local_build, tmp_path):
     """``[backend] kind = "qdrant"`` at an engine URL (``hybridrag engine``, Qdrant's engine behind its REST API in
     another process): the build's snapshot goes into the collection from Ray tasks, several at once, and the engine
     answers a query as the local snapshot does."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     engine = subprocess.Popen([sys.executable, "-m", "hybridrag", "engine", "--location", str(tmp_path / "engine"),
                                "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -271,6 +267,7 @@ def _raylet_of(pid: int) -> int:
     return ppid
 
 
+@pytest.mark.slow  # ~70 s: a node joins the Ray cluster and leaves mid-build
 def test_a_ray_build_survives_a_node_that_leaves(cluster, corpus, local_build, tmp_path):
     """One worker node's raylet killed (kill -9) mid-build, its actor with it: the driver retires that actor once the
     node is gone, the other finishes the batches, and the snapshot equals the local build's. (Last in this module:
@@ -349,7 +346,7 @@ def _until_actors(build: subprocess.Popen) -> list[str]:
     raise AssertionError(f"the build ended ({build.wait()}) before its actors started:\n{''.join(lines)}")
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~25 s: a --ray local build starts and stops its own Ray cluster
 @pytest.mark.skipif(shutil.which("ss") is None, reason="ss (iproute2) is not installed")
 def test_a_local_ray_build_listens_on_loopback_only_and_leaves_no_process(corpus, tmp_path):
     """``--ray local`` used to bind every Ray service on all interfaces (the GCS, the raylet, each worker: ``*``;
@@ -383,7 +380,7 @@ def test_a_local_ray_build_listens_on_loopback_only_and_leaves_no_process(corpus
             build.wait()
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~15 s: a --ray local build killed, its cluster waited out
 def test_a_killed_local_ray_build_leaves_no_process(corpus, tmp_path):
     """kill -9 of the driver of a ``--ray local`` build: every process of its cluster is gone soon after (two Ray
     agents used to outlive it by 30-60 s; measured now: see docs/deployment.md)."""

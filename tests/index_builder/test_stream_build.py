@@ -76,7 +76,7 @@ def _env(**extra: str) -> dict[str, str]:
             **extra}
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~20 s: three builds in child processes (one killed, resumed, one whole)
 def test_a_killed_build_resumes_from_its_last_checkpoint_to_the_same_snapshot(tmp_path):
     """kill -9 once the build has written three checkpoints (24 passages each); the same command again embeds only
     the rest and writes the snapshot an uninterrupted build writes (every array, byte for byte)."""
@@ -119,7 +119,7 @@ def _limit_file_size(limit: int):
     return preexec
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # two builds, the second in a child process under a 256 KiB file-size limit
 def test_a_full_disk_fails_naming_the_file_and_current_keeps_serving(tmp_path, config, embedder):
     docs, _ = read_corpus(SAMPLE)
     root = tmp_path / "idx"

@@ -149,7 +149,7 @@ def test_late_interaction_training_export_and_token_rebuild(sample_train, pipeli
         p.close()
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~20 s: real distillation training, dev figures for every blend weight
 def test_distillation_teacher_is_the_served_default_and_dev_selection_picks_a_weight(sample_train, pipeline, embedder):
     """The distillation teacher scores as the service's default late interaction does (the embedder's own token
     vectors: int8 ONNX there, fp32 torch here); a distilled run logs dev figures for every blend weight and keeps

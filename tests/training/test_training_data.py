@@ -67,7 +67,7 @@ def _train_sample_cross_encoder(tmp_path, sample_train, sample_index_dir, *extra
     return train_cross_encoder_cli(tmp_path / "ce", sample_train, sample_index_dir, *extra)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a real hybridrag train cross-encoder run (mining, training, export)
 def test_model_card_describes_the_soft_targets(tmp_path, sample_train, sample_index_dir):
     """The card of a real --neighbor-targets run names the targets, the support and the positives; without the
     targets the card says nothing of them."""
@@ -86,7 +86,7 @@ def test_model_card_describes_the_soft_targets(tmp_path, sample_train, sample_in
     assert "soft targets" not in (tmp_path / "README.md").read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a real hybridrag train cross-encoder run (mining, training, export)
 def test_model_card_describes_pool_lists_and_the_residual_prior(tmp_path, sample_train, sample_index_dir):
     """The card of a real --lists 4 --prior-weight 1.0 run names the lists, their targets and the prior term;
     without the prior the term is gone."""

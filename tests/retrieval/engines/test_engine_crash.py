@@ -57,7 +57,7 @@ def _present(folder: Path, batches: list[int]) -> dict[int, list[int]]:
     return {i: [j for j in range(PER_BATCH) if f"eq{i}-{j}" in owners] for i in batches}
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~15 s: writer processes killed with SIGKILL mid-upsert on a Qdrant folder, then recovery
 def test_kill_9_during_upserts_on_the_qdrant_folder_backend(tmp_path, sample_index_dir, record_property):
     folder = tmp_path / "engine"
     engine = QdrantEngine(EngineConfig(kind="qdrant", location=str(folder), collection="sample"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,16 +18,10 @@ import pytest
 
 from retrieval.api import retriever_pb2 as pb
 from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
-from tests.helpers import RedisServer, ServeProcess
+from tests.helpers import RedisServer, ServeProcess, free_port
 
 REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (apt-get install redis-server)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(pred, what: str, timeout: float = 60.0) -> None:
@@ -47,7 +40,7 @@ def _wait(pred, what: str, timeout: float = 60.0) -> None:
 def cluster(tmp_path, sample_index_dir):
     """redis-server + the engine host + the sample index migrated into it; yields (config path, env, redis,
     the replicas started, stopped at the end)."""
-    eport = _free_port()
+    eport = free_port()
     redis_server = RedisServer(REDIS, tmp_path)
     engine = subprocess.Popen([sys.executable, "-m", "hybridrag", "engine", "--location", str(tmp_path / "engine"),
                                "--port", str(eport)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

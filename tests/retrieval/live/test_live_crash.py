@@ -56,7 +56,7 @@ def check_after_restart(index: Path, store_path: Path, acked: list[int], generat
     store.close()
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~18 s: processes killed with SIGKILL during upserts and during a rebuild, then replayed
 def test_kill_9_during_upserts_and_during_a_rebuild(tmp_path):
     index, store = tmp_path / "index", tmp_path / "store.db"
     assert cli(["build", "--corpus", str(REPO / "data" / "sample"), "--out", str(index), "--store", str(store),

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import socket
 import time
 
 import pytest
@@ -16,7 +15,7 @@ import redis
 from retrieval.search.pipeline import Pipeline
 from retrieval.search.semantic_cache import SemanticCacheConfig
 from retrieval.search.shared_cache import SharedCache
-from tests.helpers import RedisServer
+from tests.helpers import RedisServer, free_port
 
 REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (apt-get install redis-server)")
@@ -79,9 +78,7 @@ def test_entries_expire_with_their_ttl(sample_index, embedder, config, redis_url
 
 
 def test_a_dead_redis_makes_misses_not_errors(sample_index, embedder, config):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens there
+    port = free_port()  # nothing listens there
     (a, _) = _replicas(sample_index, embedder, config, f"redis://127.0.0.1:{port}/0", "t3", redis_timeout_s=0.2)
     try:
         r1, r2 = a.search(Q, 5), a.search(Q, 5)

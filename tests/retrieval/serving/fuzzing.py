@@ -12,21 +12,26 @@ failing status can be reported as (kind -> code) with one reproducible example.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import re
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
 from retrieval.api import retriever_pb2 as pb
+from tests.helpers import ServeProcess
 
 SERVICE_PATH = "/hybridrag.v1.Retriever/"
 METHODS = ("Retrieve", "Generate", "Upsert", "Delete", "Rebuild", "GetIndexStatus")
 STREAMING = frozenset({"Generate"})
 
-# The keys the fuzz server is started with (tests/test_fuzz.py writes them to its keys file).
+# The keys the fuzz server is started with (FuzzServer writes them to its keys file).
 API_KEYS: dict[str, list[str]] = {"key-acme": ["acme"], "key-two": ["globex", "initech"], "key-admin": ["*"]}
 TENANT_OF_KEY = {"key-acme": "acme", "key-two": "globex", "key-admin": ""}
 
@@ -548,3 +553,45 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class FuzzServer(ServeProcess):
+    """The target both fuzzers share (one a session: ``fuzz_server`` in tests/conftest.py), ``hybridrag serve`` as
+    users run it: a copy of the writable template's store and snapshot, ``--store --config --http-port 0``, the
+    keys of :data:`API_KEYS` bound to tenants, no generator (Generate answers UNAVAILABLE, the HTTP generation
+    routes 503), no background rebuilds (only the fuzzers' Rebuild calls). Every allocation of 128 KiB or more gets
+    its own mapping, returned to the OS when freed (glibc raises this threshold by itself as large blocks are freed,
+    and then keeps them in the heap): RSS measures what is held, not the high-water mark of the 1-16 MiB requests."""
+
+    def __init__(self, root: Path, template: Path) -> None:
+        shutil.copy2(template / "store.db", root / "store.db")
+        shutil.copytree(template / "index", root / "index")
+        keys = root / "keys.json"
+        keys.write_text(json.dumps(API_KEYS))
+        config = root / "fuzz.toml"
+        config.write_text(f"[server]\napi_keys_file = {json.dumps(str(keys))}\n\n"
+                          "[live]\nrebuild_after_writes = 0\nrebuild_after_s = 0\n\n"
+                          "[generation.embedded]\nenabled = false\n")
+        super().__init__(["--index", str(root / "index"), "--store", str(root / "store.db"), "--config", str(config),
+                          "--http-port", "0"], env={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}, clean_env=True)
+        m = re.search(r"HTTP on (http://[\w.:\[\]]+)", self.text())
+        if not m:
+            self.kill()
+            raise AssertionError("no HTTP door in the log:\n" + self.text())
+        self.http_url = m.group(1)
+
+    @property
+    def rss(self) -> int:
+        return rss_bytes(self.proc.pid)
+
+    def warm(self) -> None:
+        """One query through each door: the models loaded, the first calls' lazy initialisation done."""
+        import httpx
+
+        with grpc.insecure_channel(self.target) as ch:
+            ch.unary_unary(SERVICE_PATH + "Retrieve")(
+                pb.RetrieveRequest(query=QUERIES[0], top_k=5, tenant="acme").SerializeToString(),
+                metadata=(("x-api-key", "key-acme"),), timeout=60)
+        r = httpx.post(self.http_url + "/v1/retrieve", headers={"x-api-key": "key-acme"}, timeout=60,
+                       json={"query": QUERIES[0], "top_k": 5, "tenant": "acme"})
+        assert r.status_code == 200, (r.status_code, r.text[:500])

@@ -21,16 +21,11 @@ from index_builder.errors import ConfigError
 from retrieval.api import retriever_pb2 as pb
 from retrieval.api import retriever_pb2_grpc as pbg
 from retrieval.serving.front import FrontConfig, FrontError, render, start_front, stop_front, write_config
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 NGINX = shutil.which("nginx") or (Path("/usr/sbin/nginx").is_file() and "/usr/sbin/nginx") or None
 needs_nginx = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (scripts/setup.sh installs nginx-light)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_bad_front_configuration_is_refused_with_what_is_wrong():
@@ -63,7 +58,7 @@ def test_the_rendered_configuration_is_accepted_by_nginx(tmp_path):
 
 
 @needs_nginx
-@pytest.mark.slow
+@pytest.mark.slow  # nginx before a spawned server with both doors, bursts through both
 def test_the_front_passes_calls_through_and_refuses_past_its_limit(sample_index_dir, tmp_path):
     """``hybridrag front`` (the command, as deployed) before ``hybridrag serve`` with both doors, at 2 reads in
     flight: calls through the front answer as the server does; a burst's excess gets the front's own refusal
@@ -76,7 +71,7 @@ def test_the_front_passes_calls_through_and_refuses_past_its_limit(sample_index_
     server = ServeProcess(["--index", str(sample_index_dir), "--http-port", "0"], clean_env=True,
                           env={"HYBRIDRAG_GENERATION__EMBEDDED__ENABLED": "false"})
     (http_url,) = re.findall(r"HTTP on (http://\S+)", server.text())
-    grpc_port, http_port = _free_port(), _free_port()
+    grpc_port, http_port = free_port(), free_port()
     front = subprocess.Popen(
         [sys.executable, "-m", "hybridrag", "front", "--grpc-backend", server.target,
          "--http-backend", http_url.removeprefix("http://").rstrip("/"), "--port", str(grpc_port),
@@ -186,7 +181,7 @@ def test_the_front_cuts_off_slow_clients_and_serves_others(pipeline, tmp_path):
     from retrieval.serving.settings import HttpConfig
 
     with BackgroundServer(pipeline, ServerConfig(port=0), http=HttpConfig(port=0)) as server:
-        grpc_port, http_port = _free_port(), _free_port()
+        grpc_port, http_port = free_port(), free_port()
         config = FrontConfig(grpc_backends=(server.target,), http_backends=(server.http_url.removeprefix("http://"),),
                              port=grpc_port, http_port=http_port, nginx=str(NGINX), header_timeout_s=1,
                              body_timeout_s=1, keepalive_timeout_s=2)
@@ -233,7 +228,7 @@ def _hold(port: int, path: str) -> socket.socket:
 
 
 @needs_nginx
-@pytest.mark.slow
+@pytest.mark.slow  # nginx before a spawned server with a store, each slot held in turn
 def test_listing_is_a_read_at_the_front_on_both_doors(writable, tmp_path):
     """issue 51 item 7: through the front, listing (``GET /v1/documents``, gRPC ``ListDocuments``) is a read. With
     the one write slot taken, both doors still list (it used to be refused over HTTP: two listing loops made 89% of
@@ -244,7 +239,7 @@ def test_listing_is_a_read_at_the_front_on_both_doors(writable, tmp_path):
     server = ServeProcess(["--index", str(writable / "index"), "--store", str(writable / "store.db"),
                            "--http-port", "0"], clean_env=True, env={"HYBRIDRAG_GENERATION__EMBEDDED__ENABLED": "false"})
     (http_url,) = re.findall(r"HTTP on (http://\S+)", server.text())
-    grpc_port, http_port = _free_port(), _free_port()
+    grpc_port, http_port = free_port(), free_port()
     config = FrontConfig(grpc_backends=(server.target,), http_backends=(http_url.removeprefix("http://").rstrip("/"),),
                          port=grpc_port, http_port=http_port, max_in_flight=1, max_writes_in_flight=1,
                          nginx=str(NGINX))

@@ -3,17 +3,16 @@ thousands of seeded requests, typed and raw bytes, to every RPC. No request, how
 INTERNAL or DATA_LOSS, or hang; undecodable ones get INVALID_ARGUMENT and one short log line; oversized filter
 values and tenants are refused without pinning memory; afterwards the server still answers a normal query.
 
-The server's RSS before and after each batch is printed (``pytest -s``) and recorded as a test property.
+The server (``fuzz_server``, tests/conftest.py) is the HTTP fuzzer's too (``test_http_fuzz.py``): started and warmed
+once a session. The server's RSS before and after each batch is printed (``pytest -s``) and recorded as a test
+property.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-import shutil
 import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -21,14 +20,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from retrieval.api import retriever_pb2 as pb
 from retrieval.api import retriever_pb2_grpc as pb_grpc
-from tests.helpers import ServeProcess
 from tests.retrieval.serving.fuzzing import (
-    API_KEYS,
     MB,
     FuzzCase,
+    FuzzServer,
     RequestFuzzer,
     forbidden,
-    rss_bytes,
     run_cases,
     summarize,
 )
@@ -38,47 +35,13 @@ FUZZ_REQUESTS = 3000
 SEED = 1234
 
 
-class FuzzServer(ServeProcess):
-    """The fuzz target: ``serve --store`` with tenant-bound keys. Every allocation of 128 KiB or more gets its own
-    mapping, returned to the OS when freed (glibc raises this threshold by itself as large blocks are freed, and
-    then keeps them in the heap): RSS measures what is held, not the high-water mark of the 1-4 MiB requests."""
-
-    def __init__(self, index_dir: Path, store: Path, config: Path) -> None:
-        super().__init__(["--index", str(index_dir), "--store", str(store), "--config", str(config)],
-                         env={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}, clean_env=True)
-
-    @property
-    def rss(self) -> int:
-        return rss_bytes(self.proc.pid)
-
-
-@pytest.fixture(scope="module")
-def fuzz_server(writable_template, tmp_path_factory):
-    root = tmp_path_factory.mktemp("fuzz-server")
-    shutil.copy2(writable_template / "store.db", root / "store.db")
-    shutil.copytree(writable_template / "index", root / "index")
-    keys = root / "keys.json"
-    keys.write_text(json.dumps(API_KEYS))
-    config = root / "fuzz.toml"
-    # No generator (Generate answers UNAVAILABLE); no background rebuilds (only the fuzzer's Rebuild calls).
-    config.write_text(f"[server]\napi_keys_file = {json.dumps(str(keys))}\n\n"
-                      "[live]\nrebuild_after_writes = 0\nrebuild_after_s = 0\n\n"
-                      "[generation.embedded]\nenabled = false\n")
-    server = FuzzServer(root / "index", root / "store.db", config)
-    try:
-        _normal_retrieve(server)  # warm: models loaded, first calls' lazy initialisation done
-        yield server
-    finally:
-        server.stop()
-
-
 def _normal_retrieve(server: FuzzServer, query: str = "how do bees find flowers") -> pb.RetrieveResponse:
     with grpc.insecure_channel(server.target) as ch:
         return pb_grpc.RetrieverStub(ch).Retrieve(pb.RetrieveRequest(query=query, top_k=5, tenant="acme"),
                                                   metadata=(("x-api-key", "key-acme"),), timeout=30)
 
 
-def _assert_healthy(server: ServeProcess) -> None:
+def _assert_healthy(server: FuzzServer) -> None:
     assert server.alive(), "the server died:\n" + "".join(server.lines[-40:])
     with grpc.insecure_channel(server.target) as ch:
         status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=10)
@@ -87,7 +50,7 @@ def _assert_healthy(server: ServeProcess) -> None:
     assert len(r.passages) == 5 and all(p.tenant == "acme" for p in r.passages)
 
 
-def _settle(server: ServeProcess) -> int:
+def _settle(server: FuzzServer) -> int:
     """The server's RSS once it is idle (a short pause lets finished calls free their buffers)."""
     time.sleep(0.5)
     return server.rss

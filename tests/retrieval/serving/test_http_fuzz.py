@@ -13,20 +13,17 @@ caller's own ``x-timeout-ms``; every 4xx is in the service's error shape, and wh
 status (no key: 401, not JSON in UTF-8: 415, over 16 MiB: 413, refused by the bounded JSON parser: 400) it is that
 one; the 200 answers match /openapi.json; no error message echoes megabytes of the request; the server logs no
 traceback and no ERROR line; afterwards it still answers a normal query over both doors and its health is SERVING.
-The server's RSS before and after the raw pass is printed (``pytest -s``) and recorded as a test property, and the
-requests per route and status are printed. The tests that start the server take 25-30 s in all on two cores
-(``slow``).
+The server (``fuzz_server``, tests/conftest.py) is the gRPC fuzzer's too: one ``hybridrag serve`` with both doors,
+started and warmed once a session. The server's RSS before and after the raw pass is printed (``pytest -s``) and
+recorded as a test property, and the requests per route and status are printed.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import re
-import shutil
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -36,8 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from retrieval.api import retriever_pb2 as pb
 from retrieval.api import retriever_pb2_grpc as pb_grpc
-from tests.helpers import ServeProcess
-from tests.retrieval.serving.fuzzing import API_KEYS, MB, rss_bytes
+from tests.retrieval.serving.fuzzing import MB, FuzzServer
 from tests.retrieval.serving.http_fuzzing import (
     GENERATION_PATHS,
     MAX_MESSAGE,
@@ -61,50 +57,14 @@ EXAMPLES_PER_OPERATION = 40  # schemathesis: generated requests per operation (1
 KEYS = ("key-acme", "key-admin", "key-two", None)  # None: no key (401 on /v1/ routes)
 
 
-class HttpFuzzServer(ServeProcess):
-    """``serve --store --config --http-port 0`` with tenant-bound keys (the same allocator setting as the gRPC fuzz
-    server: RSS measures what is held, not the high-water mark of the 16 MiB bodies)."""
-
-    def __init__(self, index_dir: Path, store: Path, config: Path) -> None:
-        super().__init__(["--index", str(index_dir), "--store", str(store), "--config", str(config),
-                          "--http-port", "0"], env={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}, clean_env=True)
-        m = re.search(r"HTTP on (http://[\w.:\[\]]+)", self.text())
-        assert m, "no HTTP door in the log:\n" + self.text()
-        self.http_url = m.group(1)
-
-    @property
-    def rss(self) -> int:
-        return rss_bytes(self.proc.pid)
-
-
-@pytest.fixture(scope="module")
-def http_server(writable_template, tmp_path_factory):
-    root = tmp_path_factory.mktemp("http-fuzz-server")
-    shutil.copy2(writable_template / "store.db", root / "store.db")
-    shutil.copytree(writable_template / "index", root / "index")
-    keys = root / "keys.json"
-    keys.write_text(json.dumps(API_KEYS))
-    config = root / "fuzz.toml"
-    # No generator (Generate and chat answer 503); no background rebuilds.
-    config.write_text(f"[server]\napi_keys_file = {json.dumps(str(keys))}\n\n"
-                      "[live]\nrebuild_after_writes = 0\nrebuild_after_s = 0\n\n"
-                      "[generation.embedded]\nenabled = false\n")
-    server = HttpFuzzServer(root / "index", root / "store.db", config)
-    try:
-        _normal_retrieve(server)  # warm: models loaded, first calls' lazy initialisation done
-        yield server
-    finally:
-        server.stop()
-
-
-def _normal_retrieve(server: HttpFuzzServer) -> dict[str, Any]:
+def _normal_retrieve(server: FuzzServer) -> dict[str, Any]:
     r = httpx.post(server.http_url + "/v1/retrieve", headers={"x-api-key": "key-acme"}, timeout=60,
                    json={"query": "how do bees find flowers", "top_k": 5, "tenant": "acme"})
     assert r.status_code == 200, (r.status_code, r.text[:500])
     return r.json()
 
 
-def _assert_healthy(server: HttpFuzzServer) -> None:
+def _assert_healthy(server: FuzzServer) -> None:
     assert server.alive(), "the server died:\n" + "".join(server.lines[-40:])
     health = httpx.get(server.http_url + "/healthz", timeout=10)
     assert health.status_code == 200 and health.json() == {"status": "ok"}, health.text
@@ -121,7 +81,7 @@ def _assert_healthy(server: HttpFuzzServer) -> None:
     assert len(passages) == 5 and all(p["tenant"] == "acme" for p in passages), passages
 
 
-def _settle(server: HttpFuzzServer) -> int:
+def _settle(server: FuzzServer) -> int:
     time.sleep(0.5)
     return server.rss
 
@@ -255,10 +215,10 @@ def _run_schemathesis(base_url: str) -> SchemathesisRun:
 
 
 @pytest.fixture(scope="module")
-def schemathesis_run(http_server) -> SchemathesisRun:
-    mark = http_server.mark()
-    run = _run_schemathesis(http_server.http_url)
-    run.log = http_server.since(mark)
+def schemathesis_run(fuzz_server) -> SchemathesisRun:
+    mark = fuzz_server.mark()
+    run = _run_schemathesis(fuzz_server.http_url)
+    run.log = fuzz_server.since(mark)
     _print_table("schemathesis", run.counts)
     print(f"[schemathesis] {sum(sum(c.values()) for c in run.counts.values())} requests over "
           f"{len(run.counts)} operations in {run.seconds:.1f} s; unsendable: {dict(run.unsendable)}")
@@ -268,8 +228,8 @@ def schemathesis_run(http_server) -> SchemathesisRun:
     return run
 
 
-@pytest.mark.slow
-def test_schemathesis_finds_no_server_error_on_any_operation(http_server, schemathesis_run, record_property):
+@pytest.mark.slow  # schemathesis: ~500 generated requests over every operation, with the fuzz server's start
+def test_schemathesis_finds_no_server_error_on_any_operation(fuzz_server, schemathesis_run, record_property):
     run = schemathesis_run
     record_property("schemathesis_requests", sum(sum(c.values()) for c in run.counts.values()))
     record_property("schemathesis_seconds", round(run.seconds, 1))
@@ -283,10 +243,10 @@ def test_schemathesis_finds_no_server_error_on_any_operation(http_server, schema
     assert not run.shape_errors, "errors not in the service's shape:\n" + "\n".join(run.shape_errors[:10])
     bad = _bad_log_lines(run.log)
     assert not bad, "tracebacks or ERROR lines in the server's log:\n" + "\n".join(bad)
-    _assert_healthy(http_server)
+    _assert_healthy(fuzz_server)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the same schemathesis pass
 def test_schemathesis_responses_conform_to_the_declared_schema(schemathesis_run):
     """The 200 answers match their declared schema and content type (schemathesis's response_schema_conformance and
     content_type_conformance), and every status answered is one /openapi.json declares for that operation (the
@@ -310,15 +270,15 @@ class RawRun:
 
 
 @pytest.fixture(scope="module")
-def raw_run(http_server) -> RawRun:
+def raw_run(fuzz_server) -> RawRun:
     cases = HttpFuzzer(SEED).cases(FUZZ_REQUESTS)
-    before = _settle(http_server)
-    mark = http_server.mark()
+    before = _settle(fuzz_server)
+    mark = fuzz_server.mark()
     t0 = time.perf_counter()
-    outcomes = run_cases(http_server.http_url, cases, workers=4, timeout=60)
+    outcomes = run_cases(fuzz_server.http_url, cases, workers=4, timeout=60)
     elapsed = time.perf_counter() - t0
-    after = _settle(http_server)
-    run = RawRun(outcomes, len(cases), before, after, elapsed, http_server.since(mark))
+    after = _settle(fuzz_server)
+    run = RawRun(outcomes, len(cases), before, after, elapsed, fuzz_server.since(mark))
     _print_table("http_fuzz", per_route(outcomes))
     print(f"[http_fuzz] {len(outcomes)} requests in {elapsed:.1f} s; by category: "
           + ", ".join(f"{k}: {n}" for k, n in sorted(per_category(outcomes).items())))
@@ -332,8 +292,8 @@ def raw_run(http_server) -> RawRun:
     return run
 
 
-@pytest.mark.slow
-def test_thousands_of_raw_bodies_get_no_server_error(http_server, raw_run, record_property):
+@pytest.mark.slow  # ~2,600 raw bodies (some of 16 MiB) over httpx and raw sockets
+def test_thousands_of_raw_bodies_get_no_server_error(fuzz_server, raw_run, record_property):
     run = raw_run
     _report(record_property, "http_fuzz", run.before, run.after)
     record_property("http_fuzz_requests", len(run.outcomes))
@@ -348,12 +308,12 @@ def test_thousands_of_raw_bodies_get_no_server_error(http_server, raw_run, recor
                      + "\nserver log:\n" + "\n".join(_bad_log_lines(run.log)))
     bad_lines = _bad_log_lines(run.log)
     assert not bad_lines, "tracebacks or ERROR lines in the server's log:\n" + "\n".join(bad_lines)
-    _assert_healthy(http_server)
+    _assert_healthy(fuzz_server)
     growth = run.after - run.before
     assert growth < 300 * MB, f"RSS grew by {growth / MB:.0f} MiB over {run.cases} requests"
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the same raw pass
 def test_error_messages_never_echo_megabytes_of_the_request(raw_run):
     """An error's message names what is wrong in at most 8 KiB (MAX_MESSAGE), as the gRPC door's status details
     must: a 1 MiB wrong-typed value, unknown field or stage name is not sent back whole."""

@@ -205,7 +205,7 @@ def _http_caller(name: str, url: str, expected: list[str], fresh: bool, stop: th
 DEADLINE_S = 30.0
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~10 s: two server processes under load, one killed and restarted
 def test_kill_9_of_one_worker_under_load_ends_every_call_cleanly(sample_index_dir, pipeline, record_property):
     """``serve --processes 2 --http-port 0`` under gRPC and HTTP callers (long-lived and fresh connections); one
     worker is killed with SIGKILL. Every call ends with the library's answer or a clean refusal (UNAVAILABLE; a
