@@ -23,6 +23,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     seq = 0
     folder_summary: Any = None
+    stream: Any  # a folder's documents, the store's list, or a corpus stream
     if is_folder_corpus(args.corpus):  # a folder of files: readers, and a summary of what changed since last time
         folder = build_folder(args)
         stream, seq, folder_summary, counted = folder.documents, folder.covered_seq, folder.summary, folder.total
@@ -37,7 +38,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             store.upsert(docs[start:start + MAX_BATCH])
         seq, docs = store.snapshot()
         store.close()
-        stream: Any = docs
+        stream = docs
     else:  # a stream: read as the build goes (a first pass counts the documents, for the progress bar's ETA)
         report = CorpusReport(path=str(resolve_corpus_path(args.corpus)))
         counted = sum(1 for _ in iter_corpus(args.corpus, skip_bad=args.skip_bad, report=report))
