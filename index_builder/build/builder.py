@@ -9,24 +9,21 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
 from tqdm import tqdm
 
-from index_builder.snapshot import dense_index
-from index_builder.documents.analysis import Analyzer
-from index_builder.build.workers import BuildWorkers, LocalWorkers, Prepared, Preparer, checkpoint, encode_passages, identity_of
-from index_builder.documents.chunking import chunk_passages
-from index_builder.snapshot.bm25_files import SPILL_FOLDER, BM25Builder
+from index_builder.build.assemble import assemble_snapshot
 from index_builder.build.encodings import KEY, BuildWork, Source, Sources, chunk_keys, encoder_identity
+from index_builder.build.workers import BuildWorkers, LocalWorkers, Preparer, checkpoint, identity_of
+from index_builder.documents.chunking import chunk_passages
 from index_builder.errors import SnapshotError
 from index_builder.models.encoders import Embedder
-from index_builder.snapshot.row_file import release_pages
+from index_builder.models.token_encoders import TokenEncoder, make_token_encoder
 from index_builder.settings import (  # noqa: F401  (BM25Config, HNSWConfig re-exported)
     STORAGES,
     AnalyzerConfig,
@@ -35,9 +32,9 @@ from index_builder.settings import (  # noqa: F401  (BM25Config, HNSWConfig re-e
     ChunkConfig,
     HNSWConfig,
 )
-from index_builder.snapshot.manifest import index_settings, token_settings, with_avgdl
+from index_builder.snapshot.bm25_files import SPILL_FOLDER, BM25Builder
 from index_builder.snapshot.format import LoadedSnapshot, SnapshotParts, SnapshotWriter, load_snapshot, write_snapshot
-from index_builder.models.token_encoders import EmbedderTokens, TokenEncoder, make_token_encoder
+from index_builder.snapshot.manifest import token_settings
 from index_builder.snapshot.token_store import TokenStore
 from index_builder.types import Document
 
@@ -67,7 +64,6 @@ class BuildSummary:
 
 
 DOC_BATCH = 512  # documents read, chunked and analysed at a time
-COPY_BLOCK = 16_384  # chunks copied at a time into the snapshot's arrays
 
 
 def snapshot_source(snap: LoadedSnapshot, identity: bytes) -> Source | None:
@@ -90,18 +86,6 @@ def snapshot_source(snap: LoadedSnapshot, identity: bytes) -> Source | None:
                   None if snap.token_offsets is None else np.asarray(snap.token_offsets), snap.token_scales,
                   storage=str((tokens or {}).get("dtype", "int8")) if has_tokens else "",
                   token_groups=snap.token_groups, token_group_offsets=snap.token_group_offsets)
-
-
-def _anon_mib() -> float | None:
-    """This process's anonymous resident memory in MiB (``RssAnon``), None where /proc does not say."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
 
 
 def _current_source(root: Path, identity: bytes) -> Source | None:
@@ -224,42 +208,13 @@ def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig
     storage = config.token_encoder.storage
     preparer = Preparer(embedder.files.tokenizer_path, config.chunking, config.analyzer, identity)
     bm25 = BM25Builder(spill=writer.tmp / SPILL_FOLDER)  # postings on disk as they come (bounded memory)
-    window = embedder.config.max_length - 2  # [CLS] and [SEP]
-    if config.chunking.max_tokens > window:
-        log.warning("chunks of up to %d word pieces exceed the embedder's window (%d): dense and token vectors see "
-                    "only each chunk's first %d pieces; late interaction over such vectors lost to the fused list "
-                    "(SciFact test, 480-piece chunks at max_length 128: 0.6960 against 0.7162). Set [chunking] "
-                    "max_tokens <= %d (room for the title) for the full passage", config.chunking.max_tokens,
-                    window + 2, window, window + 2 - 32)
-    workers: BuildWorkers
-    if cluster is None:
-        workers = LocalWorkers(preparer, embedder, token_encoder, storage, work)
-    else:
-        from index_builder.build.ray_build import RayWorkers  # Ray is imported only by a build that asks for it
-
-        workers = RayWorkers(cluster, config, preparer, identity, work, embedder.dim)
+    _warn_if_chunks_exceed_window(config, embedder)
+    workers = _workers(cluster, config, preparer, embedder, token_encoder, identity, work)
     chunk_parts: list[np.ndarray] = []
     key_parts: list[np.ndarray] = []
-    queued: dict[bytes, str] = {}  # key -> passage: to embed (each distinct passage once)
-    in_flight: set[bytes] = set()  # keys submitted whose segment has not come back yet
     bar = _Progress(total, progress)
+    embeds = _EmbedQueue(workers, sources, bar, timings)
     n_docs = 0
-
-    def collect(wait: bool = False) -> None:
-        t = time.perf_counter()
-        for keys, seg in workers.finished(wait):
-            sources.sources.insert(0, seg)
-            in_flight.difference_update(bytes(k) for k in keys)
-            bar.update(0, embedded=len(keys))
-        timings["embed"] += time.perf_counter() - t
-
-    def submit(pending: dict[bytes, str]) -> None:
-        t = time.perf_counter()
-        in_flight.update(pending)
-        workers.submit(np.array(list(pending), dtype=KEY), list(pending.values()))
-        timings["embed"] += time.perf_counter() - t
-        collect()
-
     try:
         for batch, prep in workers.prepared(_batches(docs, DOC_BATCH)):
             t = time.perf_counter()
@@ -276,23 +231,11 @@ def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig
             chunk_parts.append(chunks)
             key_parts.append(keys)
             found, _ = sources.find(keys)
-            reused = int((found >= 0).sum())
-            for i in np.flatnonzero(found < 0).tolist():
-                k = bytes(keys[i])
-                if k in in_flight:  # being encoded (a local build would have found it in a checkpoint)
-                    reused += 1
-                else:
-                    queued.setdefault(k, passages[i])
+            reused = embeds.offer(keys, passages, found)
             n_docs += len(batch)
             bar.update(len(batch), reused=reused)
-            while len(queued) >= config.embed_batch:  # one checkpoint (Embedder.encode sorts each by length)
-                take = dict(itertools.islice(queued.items(), config.embed_batch))
-                for k in take:
-                    del queued[k]
-                submit(take)
-        if queued:
-            submit(queued)
-        collect(wait=True)
+            embeds.send_full(config.embed_batch)
+        embeds.finish()
     finally:
         workers.close()
     bar.close()
@@ -308,10 +251,81 @@ def _build(docs: Iterable[Document], writer: SnapshotWriter, config: BuildConfig
         if restored := _restore(keys, sources, work, storage, token_encoder.dim, config.embed_batch):
             timings["restore"] = time.perf_counter() - t
             log.info("re-stored the token vectors of %d chunks in %s (no model call)", restored, storage)
-    summary = _assemble(writer, chunks, keys, n_docs, sources, bm25, config, embedder, token_encoder, covered_seq,
-                        timings, t0, identity)
-    summary.embedded, summary.reused = bar.embedded, bar.reused
-    return summary
+    done = assemble_snapshot(writer, chunks, keys, n_docs, sources, bm25, config, embedder, token_encoder,
+                             covered_seq, timings, identity)
+    size = _bytes_on_disk(done.path)
+    return BuildSummary(done.path, n_docs, len(chunks), done.token_vectors, time.perf_counter() - t0, size, timings,
+                        embedded=bar.embedded, reused=bar.reused, memory_mib=done.memory_mib)
+
+
+def _warn_if_chunks_exceed_window(config: BuildConfig, embedder: Embedder) -> None:
+    window = embedder.config.max_length - 2  # [CLS] and [SEP]
+    if config.chunking.max_tokens > window:
+        log.warning("chunks of up to %d word pieces exceed the embedder's window (%d): dense and token vectors see "
+                    "only each chunk's first %d pieces; late interaction over such vectors lost to the fused list "
+                    "(SciFact test, 480-piece chunks at max_length 128: 0.6960 against 0.7162). Set [chunking] "
+                    "max_tokens <= %d (room for the title) for the full passage", config.chunking.max_tokens,
+                    window + 2, window, window + 2 - 32)
+
+
+def _workers(cluster: str | None, config: BuildConfig, preparer: Preparer, embedder: Embedder,
+             token_encoder: TokenEncoder | None, identity: bytes, work: BuildWork) -> BuildWorkers:
+    """This process's workers, or a Ray cluster's when ``cluster`` names one."""
+    if cluster is None:
+        return LocalWorkers(preparer, embedder, token_encoder, config.token_encoder.storage, work)
+    from index_builder.build.ray_build import RayWorkers  # Ray is imported only by a build that asks for it
+
+    return RayWorkers(cluster, config, preparer, identity, work, embedder.dim)
+
+
+class _EmbedQueue:
+    """The passages no source holds, each distinct one embedded once, sent to the workers a checkpoint at a time;
+    each segment that comes back becomes the first source (a killed build resumes from it)."""
+
+    def __init__(self, workers: BuildWorkers, sources: Sources, bar: _Progress, timings: dict[str, float]) -> None:
+        self.workers, self.sources, self.bar, self.timings = workers, sources, bar, timings
+        self.queued: dict[bytes, str] = {}  # key -> passage: to embed (each distinct passage once)
+        self.in_flight: set[bytes] = set()  # keys submitted whose segment has not come back yet
+
+    def offer(self, keys: np.ndarray, passages: Sequence[str], found: np.ndarray) -> int:
+        """Queue the chunks no source holds (``found`` < 0); returns how many chunks are reused."""
+        reused = int((found >= 0).sum())
+        for i in np.flatnonzero(found < 0).tolist():
+            k = bytes(keys[i])
+            if k in self.in_flight:  # being encoded (a local build would have found it in a checkpoint)
+                reused += 1
+            else:
+                self.queued.setdefault(k, passages[i])
+        return reused
+
+    def send_full(self, size: int) -> None:
+        """Submit the queue a checkpoint of ``size`` passages at a time (Embedder.encode sorts each by length)."""
+        while len(self.queued) >= size:
+            take = dict(itertools.islice(self.queued.items(), size))
+            for k in take:
+                del self.queued[k]
+            self.submit(take)
+
+    def finish(self) -> None:
+        """Submit what is left and wait for every segment."""
+        if self.queued:
+            self.submit(self.queued)
+        self.collect(wait=True)
+
+    def collect(self, wait: bool = False) -> None:
+        t = time.perf_counter()
+        for keys, seg in self.workers.finished(wait):
+            self.sources.sources.insert(0, seg)
+            self.in_flight.difference_update(bytes(k) for k in keys)
+            self.bar.update(0, embedded=len(keys))
+        self.timings["embed"] += time.perf_counter() - t
+
+    def submit(self, pending: dict[bytes, str]) -> None:
+        t = time.perf_counter()
+        self.in_flight.update(pending)
+        self.workers.submit(np.array(list(pending), dtype=KEY), list(pending.values()))
+        self.timings["embed"] += time.perf_counter() - t
+        self.collect()
 
 
 def _usable(found: Sequence[Source], storage: str | None) -> Sources:
@@ -356,118 +370,6 @@ def _batches(docs: Iterable[Document], n: int) -> Iterator[list[Document]]:
         yield batch
 
 
-def _assemble(writer: SnapshotWriter, chunks: np.ndarray, keys: np.ndarray, n_docs: int, sources: Sources,
-              bm25: BM25Builder, config: BuildConfig, embedder: Embedder, token_encoder: TokenEncoder | None,
-              covered_seq: int, timings: dict[str, float], t0: float, identity: bytes) -> BuildSummary:
-    """Fill the snapshot's arrays from the sources, in chunk order, a block at a time; the HNSW graph as the dense
-    rows arrive; BM25 scored; the manifest last."""
-    n = len(chunks)
-    src, row = sources.find(keys)
-    if (src < 0).any():
-        raise SnapshotError(f"{int((src < 0).sum())} chunks have no encodings after the build (a bug)")
-    t = time.perf_counter()
-    writer.save_array("chunks.npy", chunks)
-    writer.save_array("chunk_keys.npy", keys)
-    vectors = writer.open_array("vectors.npy", np.float32, (n, embedder.dim))
-    for a in range(0, n, COPY_BLOCK):
-        b = min(n, a + COPY_BLOCK)
-        for s in np.unique(src[a:b]).tolist():
-            sel = np.flatnonzero(src[a:b] == s)
-            rows = row[a:b][sel]
-            order = np.argsort(rows, kind="stable")  # read the source's rows in file order
-            block = np.asarray(sources.sources[s].vectors[rows[order]])
-            vectors[a + sel[order]] = block
-            release_pages(sources.sources[s].vectors)
-        release_pages(vectors)
-    writer.flush_array("vectors.npy", vectors)
-    counts = {"documents": n_docs, "chunks": n, "token_vectors": 0}
-    if token_encoder is not None:
-        counts["token_vectors"] = _assemble_tokens(writer, src, row, sources)
-    timings["copy"] = time.perf_counter() - t
-    memory: dict[str, float] = {}
-
-    def mark(step: str) -> None:
-        if (mib := _anon_mib()) is not None:
-            memory[step] = round(mib, 1)
-
-    mark("copy")
-    t = time.perf_counter()
-    kind = dense_index.choose(config.dense_index, n)
-    index = dense_index.make(kind, embedder.dim, n, config.hnsw)
-    dense_index.train(index, vectors)
-    for a in range(0, n, COPY_BLOCK):
-        index.add(np.ascontiguousarray(vectors[a:min(n, a + COPY_BLOCK)]))
-        release_pages(vectors)
-    del vectors
-    timings["hnsw"] = time.perf_counter() - t
-    mark("dense_index")
-    t = time.perf_counter()
-    writer.save_index(dense_index.FILES[kind], index)
-    dense: dict[str, Any] = {"index": kind, "file": dense_index.FILES[kind]}
-    if isinstance(index, faiss.IndexIVF):
-        dense["nlist"] = int(index.nlist)
-    del index
-    avgdl = bm25.avgdl()
-    writer.write_bm25(bm25, config.bm25.k1, config.bm25.b)
-    mark("bm25")
-    settings = {**with_avgdl(index_settings(config, embedder, token_encoder), avgdl), "dense": dense,
-                "chunk_keys": {"identity": identity.hex()}}
-    path = writer.finish(counts=counts, dim=embedder.dim, settings=settings, covered_seq=covered_seq,
-                         keep_last=config.keep_snapshots)
-    timings["write"] = time.perf_counter() - t
-    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return BuildSummary(path, n_docs, n, counts["token_vectors"], time.perf_counter() - t0, size, timings,
-                        memory_mib=memory)
-
-
-def _assemble_tokens(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, sources: Sources) -> int:
-    """The token store in chunk order (offsets, vectors, scales), copied from the sources; returns the count. A
-    pooled store's groups (each original token's pooled row) come too when every source keeps them (a source from
-    before they were stored has none: the snapshot then has none, and its highlights and the cross-encoder's
-    windows encode the passage again)."""
-    total = _copy_ragged(writer, src, row, sources, "token_offsets.npy", lambda s: s.token_offsets,
-                         {"token_vectors.npy": lambda s: s.token_vectors, "token_scales.npy": lambda s: s.token_scales})
-    used = [sources.sources[s] for s in np.unique(src).tolist()]
-    if used and all(s.token_groups is not None and s.token_group_offsets is not None for s in used):
-        _copy_ragged(writer, src, row, sources, "token_group_offsets.npy", lambda s: s.token_group_offsets,
-                     {"token_groups.npy": lambda s: s.token_groups})
-    return total
-
-
-def _copy_ragged(writer: SnapshotWriter, src: np.ndarray, row: np.ndarray, sources: Sources, offsets_name: str,
-                 offsets_of: Callable[[Source], Any], arrays: dict[str, Callable[[Source], Any]]) -> int:
-    """Arrays whose rows belong to chunks (chunk i of source s owns rows ``offsets_of(s)[i]:offsets_of(s)[i + 1]``)
-    copied in chunk order into the snapshot, with their new offsets; an array the sources do not keep (None) is not
-    written. Returns the rows written."""
-    used = [sources.sources[s] for s in np.unique(src).tolist()]
-    lengths = np.zeros(len(src), dtype=np.int64)
-    for s in np.unique(src).tolist():
-        sel = np.flatnonzero(src == s)
-        o = offsets_of(sources.sources[s])
-        lengths[sel] = o[row[sel] + 1] - o[row[sel]]
-    offsets = np.zeros(len(src) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    out = {}
-    for name, get in arrays.items():
-        first = get(used[0])
-        if first is not None:
-            dtype = np.result_type(*[get(s).dtype for s in used])
-            out[name] = (get, writer.open_array(name, dtype, (total, *first.shape[1:])))
-    for i in range(len(src)):
-        s = sources.sources[int(src[i])]
-        o = offsets_of(s)
-        lo, hi = int(o[row[i]]), int(o[row[i] + 1])
-        for get, target in out.values():
-            target[offsets[i]:offsets[i + 1]] = get(s)[lo:hi]
-        if i % COPY_BLOCK == COPY_BLOCK - 1:
-            release_pages(*(t for _, t in out.values()), *(get(u) for u in used for get, _ in out.values()))
-    for name, (_, target) in out.items():
-        writer.flush_array(name, target)
-    writer.save_array(offsets_name, offsets)
-    return total
-
-
 def rebuild_token_vectors(root: Path, token_encoder: TokenEncoder | None, storage: str, *, out: Path | None = None,
                           keep_snapshots: int = 0, progress: bool = False) -> BuildSummary:
     """Write a new generation equal to ``root``'s current snapshot but for its token vectors, recomputed with
@@ -504,6 +406,10 @@ def rebuild_token_vectors(root: Path, token_encoder: TokenEncoder | None, storag
     parts = SnapshotParts(snap.documents, snap.chunks, snap.bm25, np.asarray(snap.vectors), snap.hnsw,
                           store.vectors, store.offsets, settings, int(m.get("covered_seq", 0)), store.scales)
     path = write_snapshot(Path(out or root), parts, keep_last=keep_snapshots)
-    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    size = _bytes_on_disk(path)
     return BuildSummary(path, len(snap.documents), len(snap.chunks), len(store.vectors), time.perf_counter() - t0,
                         size, {"token_vectors": encode_s, "write": time.perf_counter() - t})
+
+
+def _bytes_on_disk(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -127,63 +127,12 @@ def export_fp32(out_dir: Path, source: Path | None = None, opset: int = 17) -> d
     out.mkdir(parents=True, exist_ok=True)
     onnx_path = out / MODEL_FILE
 
-    try:
-        # Eager attention: plain MatMul/Softmax with an additive mask, which the TorchScript exporter traces
-        # without data-dependent shortcuts (SDPA paths may drop the mask when a traced batch has no padding).
-        model = transformers.AutoModel.from_pretrained(str(src), local_files_only=True, attn_implementation="eager")
-    except Exception as e:
-        raise ExportError(f"cannot load a transformers model from {src}: {e}") from e
-    model = model.float().eval()
-
-    module_base: Any = torch.nn.Module  # torch comes from _import_torch() as Any: a typed base mypy accepts
-
-    class _LastHiddenState(module_base):
-        def __init__(self, encoder: Any) -> None:
-            super().__init__()
-            self.encoder = encoder
-
-        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            return self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                                return_dict=True).last_hidden_state
-
-    wrapper = _LastHiddenState(model).eval()
-    # Trace with a batch that has padding, and a different shape from the check batch below.
-    trace_feed = _padded_batch(src / "tokenizer.json", ("a short one", "a somewhat longer sentence to trace with"))
-    trace_args = tuple(torch.from_numpy(trace_feed[n]) for n in INPUT_NAMES)
-    dynamic_axes = {n: {0: "batch", 1: "sequence"} for n in INPUT_NAMES}
-    dynamic_axes[OUTPUT_NAME] = {0: "batch", 1: "sequence"}
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
-        warnings.simplefilter("ignore", category=DeprecationWarning)
-        warnings.simplefilter("ignore", category=FutureWarning)
-        # BERT's mask building indexes with aranges (never negative); the exporter warns about negative indices.
-        warnings.filterwarnings("ignore", message="Exporting aten::index operator", category=UserWarning)
-        try:
-            # The classic (TorchScript) exporter: the dynamo one needs onnxscript and a dynamic_shapes spec.
-            torch.onnx.export(wrapper, trace_args, str(onnx_path), input_names=list(INPUT_NAMES),
-                              output_names=[OUTPUT_NAME], dynamic_axes=dynamic_axes, opset_version=opset,
-                              do_constant_folding=True, dynamo=False)
-        except Exception as e:
-            raise ExportError(f"torch.onnx.export of {src} failed (opset {opset}): {e}") from e
-
+    wrapper = _last_hidden_state(torch, transformers, src)
+    _trace_to_onnx(torch, wrapper, src, onnx_path, opset)
     for name in COPIED_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, out / name)
-
-    # Check: ONNX Runtime vs torch on real sentences of different lengths, padded into one batch.
-    feed = _padded_batch(src / "tokenizer.json", CHECK_SENTENCES)
-    mask = feed["attention_mask"]
-    with torch.no_grad():
-        ref = wrapper(*(torch.from_numpy(feed[n]) for n in INPUT_NAMES)).numpy()
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    session_inputs = {i.name for i in session.get_inputs()}
-    got = session.run([OUTPUT_NAME], {k: v for k, v in feed.items() if k in session_inputs})[0]
-    if got.shape != ref.shape:
-        onnx_path.unlink(missing_ok=True)
-        raise ExportError(f"exported model outputs {got.shape}, torch {ref.shape}, for the same batch")
-    keep = mask.astype(bool)
-    max_abs_diff = float(np.abs(got[keep] - ref[keep]).max())
-    min_cosine = float((_mean_pool(got, mask) * _mean_pool(ref, mask)).sum(axis=1).min())
+    feed, got, max_abs_diff, min_cosine = _check_against_torch(torch, ort, wrapper, src, onnx_path)
 
     report: dict[str, Any] = {
         "source": str(src),
@@ -210,6 +159,72 @@ def export_fp32(out_dir: Path, source: Path | None = None, opset: int = 17) -> d
             f"(> {MAX_ABS_DIFF:g}); {onnx_path} was removed, see {out / REPORT_FILE}"
         )
     return report
+
+
+def _last_hidden_state(torch: Any, transformers: Any, src: Path) -> Any:
+    """The model at ``src`` in fp32, wrapped to take the three inputs by position and return ``last_hidden_state``."""
+    try:
+        # Eager attention: plain MatMul/Softmax with an additive mask, which the TorchScript exporter traces
+        # without data-dependent shortcuts (SDPA paths may drop the mask when a traced batch has no padding).
+        model = transformers.AutoModel.from_pretrained(str(src), local_files_only=True, attn_implementation="eager")
+    except Exception as e:
+        raise ExportError(f"cannot load a transformers model from {src}: {e}") from e
+    model = model.float().eval()
+
+    module_base: Any = torch.nn.Module  # torch comes from _import_torch() as Any: a typed base mypy accepts
+
+    class _LastHiddenState(module_base):
+        def __init__(self, encoder: Any) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            return self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                return_dict=True).last_hidden_state
+
+    return _LastHiddenState(model).eval()
+
+
+def _trace_to_onnx(torch: Any, wrapper: Any, src: Path, onnx_path: Path, opset: int) -> None:
+    """``wrapper`` traced to ``onnx_path`` with dynamic batch and sequence axes."""
+    # Trace with a batch that has padding, and a different shape from the check batch.
+    trace_feed = _padded_batch(src / "tokenizer.json", ("a short one", "a somewhat longer sentence to trace with"))
+    trace_args = tuple(torch.from_numpy(trace_feed[n]) for n in INPUT_NAMES)
+    dynamic_axes = {n: {0: "batch", 1: "sequence"} for n in INPUT_NAMES}
+    dynamic_axes[OUTPUT_NAME] = {0: "batch", 1: "sequence"}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", category=DeprecationWarning)
+        warnings.simplefilter("ignore", category=FutureWarning)
+        # BERT's mask building indexes with aranges (never negative); the exporter warns about negative indices.
+        warnings.filterwarnings("ignore", message="Exporting aten::index operator", category=UserWarning)
+        try:
+            # The classic (TorchScript) exporter: the dynamo one needs onnxscript and a dynamic_shapes spec.
+            torch.onnx.export(wrapper, trace_args, str(onnx_path), input_names=list(INPUT_NAMES),
+                              output_names=[OUTPUT_NAME], dynamic_axes=dynamic_axes, opset_version=opset,
+                              do_constant_folding=True, dynamo=False)
+        except Exception as e:
+            raise ExportError(f"torch.onnx.export of {src} failed (opset {opset}): {e}") from e
+
+
+def _check_against_torch(torch: Any, ort: Any, wrapper: Any, src: Path,
+                         onnx_path: Path) -> tuple[dict[str, np.ndarray], np.ndarray, float, float]:
+    """ONNX Runtime against torch on real sentences of different lengths, padded into one batch: the batch, the
+    ONNX output, the max abs difference over non-padding positions and the min cosine of the mean-pooled rows."""
+    feed = _padded_batch(src / "tokenizer.json", CHECK_SENTENCES)
+    mask = feed["attention_mask"]
+    with torch.no_grad():
+        ref = wrapper(*(torch.from_numpy(feed[n]) for n in INPUT_NAMES)).numpy()
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    session_inputs = {i.name for i in session.get_inputs()}
+    got = session.run([OUTPUT_NAME], {k: v for k, v in feed.items() if k in session_inputs})[0]
+    if got.shape != ref.shape:
+        onnx_path.unlink(missing_ok=True)
+        raise ExportError(f"exported model outputs {got.shape}, torch {ref.shape}, for the same batch")
+    keep = mask.astype(bool)
+    max_abs_diff = float(np.abs(got[keep] - ref[keep]).max())
+    min_cosine = float((_mean_pool(got, mask) * _mean_pool(ref, mask)).sum(axis=1).min())
+    return feed, got, max_abs_diff, min_cosine
 
 
 def cmd_models_export(args: argparse.Namespace) -> int:

@@ -148,11 +148,7 @@ class Generator:
         """Retrieve with ``request`` (its ``k`` 0 = the configured number of passages; a plain question takes the
         request's fields as keywords), then stream the answer (see the module docstring)."""
         max_tokens = self.check_max_tokens(max_tokens)
-        if isinstance(request, str):
-            request = SearchRequest.of(request, options.pop("k", 0), **options)
-        elif options:
-            raise TypeError("pass either a SearchRequest or a question with options, not both")
-        request = self.pipeline.resolve(dataclasses.replace(request, k=request.k or self.config.passages))
+        request = self._resolve(request, options)
         question, deadline = request.query, request.deadline
         t0 = time.perf_counter()
         epoch = self.cache.epoch() if self.cache is not None and request.use_cache else 0
@@ -216,19 +212,34 @@ class Generator:
         stats = Stats(retrieval_ms, ttft, generation_ms, tokens_in, tokens_out, backend.model, which,
                       passages_in_prompt=prompt.passages_used, context_truncated=prompt.truncated,
                       finish_reason=(last.finish_reason if last else None) or "")
-        if scope is not None and self.cache is not None and text.strip():
-            vector = result.query_vec
-            if vector is None:  # the retrieval was an exact hit of the shared cache: the entry needs the vector
-                try:
-                    vector = (await self.pipeline.embed_texts_async([question]))[0]
-                except Exception:  # noqa: BLE001 -- the answer is streamed; it is only not cached
-                    log.exception("embedding the question to cache its answer failed")
-            if vector is not None:
-                keep = result.detached()  # not the view: a cached answer must not pin the write buffer it was read from
-                self.cache.put(scope, result.generation, vector, question, _CachedAnswer(keep, text, stats),
-                               result.doc_ids(), since=epoch,
-                               nbytes=keep.approx_bytes() + len(text) + request.filter.nbytes)
+        if scope is not None and text.strip():
+            await self._keep_answer(scope, request, result, text, stats, epoch)
         yield stats
+
+    def _resolve(self, request: SearchRequest | str, options: dict[str, Any]) -> SearchRequest:
+        """The request to retrieve with (a plain question takes ``options`` as its fields; ``k`` 0 = the configured
+        number of passages), resolved by the pipeline."""
+        if isinstance(request, str):
+            request = SearchRequest.of(request, options.pop("k", 0), **options)
+        elif options:
+            raise TypeError("pass either a SearchRequest or a question with options, not both")
+        return self.pipeline.resolve(dataclasses.replace(request, k=request.k or self.config.passages))
+
+    async def _keep_answer(self, scope: tuple, request: SearchRequest, result: SearchResult, text: str, stats: Stats,
+                           epoch: int) -> None:
+        """Put a finished answer in the cache under the question's vector (embedded now when the retrieval was an
+        exact hit of the shared cache, which has none); a failure only leaves it out of the cache."""
+        assert self.cache is not None
+        question, vector = request.query, result.query_vec
+        if vector is None:  # the retrieval was an exact hit of the shared cache: the entry needs the vector
+            try:
+                vector = (await self.pipeline.embed_texts_async([question]))[0]
+            except Exception:  # noqa: BLE001 -- the answer is streamed; it is only not cached
+                log.exception("embedding the question to cache its answer failed")
+        if vector is not None:
+            keep = result.detached()  # not the view: a cached answer must not pin the write buffer it was read from
+            self.cache.put(scope, result.generation, vector, question, _CachedAnswer(keep, text, stats),
+                           result.doc_ids(), since=epoch, nbytes=keep.approx_bytes() + len(text) + request.filter.nbytes)
 
     def _estimate_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
         return sum(self.counter.count(m["content"]) for m in messages)
