@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from index_builder.build.workers import Prepared, Preparer, encode_passages, identity_of, store_groups
 from index_builder.build.encodings import BuildWork, Source, load_segment, segment_name, write_segment
+from index_builder.build.workers import Prepared, Preparer, encode_passages, identity_of, store_groups
 from index_builder.errors import SnapshotError
 from index_builder.settings import BuildConfig
 from index_builder.types import Document

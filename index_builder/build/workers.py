@@ -13,13 +13,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from index_builder.documents.analysis import Analyzer
-from index_builder.documents.chunking import Chunker, chunk_passage, chunk_passages
 from index_builder.build.encodings import BuildWork, Source, chunk_keys, encoder_identity
+from index_builder.documents.analysis import Analyzer
+from index_builder.documents.chunking import Chunker, chunk_passages
 from index_builder.errors import SnapshotError
 from index_builder.models.encoders import Embedder
-from index_builder.settings import AnalyzerConfig, ChunkConfig
 from index_builder.models.token_encoders import EmbedderTokens, TokenEncoder
+from index_builder.settings import AnalyzerConfig, ChunkConfig
 from index_builder.snapshot.token_store import TokenStore
 from index_builder.types import Document
 
