@@ -107,3 +107,43 @@ def test_loading_a_configuration_imports_no_server_model_runtime_or_index_librar
     code = f"import sys, retrieval.config; print(sorted(set({heavy!r}) & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+PRODUCT = ("index_builder", "rerank", "retrieval", "hybridrag")
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 80
+
+
+def oversized(root=REPO) -> list[str]:
+    """Every product file over MAX_FILE_LINES lines and every function over MAX_FUNCTION_LINES (generated gRPC
+    stubs aside): the rooms stay rooms a newcomer can read (issue 52)."""
+    import ast
+
+    found = []
+    for package in PRODUCT:
+        for path in sorted((root / package).rglob("*.py")):
+            if path.name.endswith(("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")):
+                continue
+            text = path.read_text(encoding="utf-8")
+            rel = path.relative_to(root)
+            if text.count("\n") > MAX_FILE_LINES:
+                found.append(f"{rel}: {text.count(chr(10))} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > MAX_FUNCTION_LINES:
+                        found.append(f"{rel}: {node.name} is {length} lines")
+    return found
+
+
+def test_no_product_file_over_500_lines_and_no_function_over_80():
+    assert oversized() == []
+
+
+def test_the_size_check_catches_a_long_file_and_a_long_function(tmp_path):
+    room = tmp_path / "retrieval"
+    room.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (room / "long.py").write_text("def f():\n" + body + "\n" * (MAX_FILE_LINES - MAX_FUNCTION_LINES))
+    for package in PRODUCT:
+        (tmp_path / package).mkdir(exist_ok=True)
+    assert oversized(tmp_path) == ["retrieval/long.py: 501 lines", "retrieval/long.py: f is 81 lines"]
