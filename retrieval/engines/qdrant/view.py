@@ -181,7 +181,7 @@ class _Late:
                score: str = "maxsim") -> Reordering:
         if score != "maxsim":
             raise InvalidRequest(f"late-interaction score {score!r} needs per-token similarities; the Qdrant "
-                                 "backend computes MaxSim in the engine (rerank.li_score = 'maxsim')")
+                                 "backend computes MaxSim in the engine ('maxsim' only)")
         head = [int(c) for c in np.asarray(chunks[:top_k], dtype=np.int64)]
         if not head:
             return rerank_head(np.zeros(0, np.float32), len(chunks), weight)
