@@ -4,13 +4,17 @@ pieces a random identifier is made of) may reorder near-ties, never bury it."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import string
 
+import numpy as np
 import pytest
 
+from rerank.evidence import keep_certain
 from retrieval.api import retriever_pb2 as pb
 from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
+from retrieval.search.pipeline import Pipeline
 from tests.helpers import ServeProcess
 
 
@@ -45,3 +49,42 @@ def test_300_upserted_nonce_words_each_found_in_the_top_3(writable):
     finally:
         server.stop()
     assert not missed, f"{len(missed)} of {len(words)} nonce documents not in their word's top 3: {missed[:5]}"
+
+
+@pytest.fixture(scope="module")
+def rule_off(sample_index, embedder, config):
+    """The served default with the rule off (``[rerank] keep_bm25_lead = 0``)."""
+    p = Pipeline(sample_index, embedder, dataclasses.replace(config, rerank=dataclasses.replace(
+        config.rerank, keep_bm25_lead=0.0)))
+    yield p
+    p.close()
+
+
+# words that one sample document alone holds; without the rule late interaction puts that document 2nd to 6th
+ONLY_ONE = {"widespread": "hist-004", "versus": "cook-015", "suggested": "bio-002"}
+
+
+@pytest.mark.parametrize("word", sorted(ONLY_ONE))
+def test_a_unique_exact_match_stays_first(word, pipeline, rule_off):
+    """A query word that one document alone holds: BM25 finds only that document (its lead is 1), late
+    interaction over the compact store ranks documents without the word above it; with the rule (the default) it
+    stays first, with ``keep_bm25_lead = 0`` it moves."""
+    on, off = pipeline.search(word, 10, use_cache=False), rule_off.search(word, 10, use_cache=False)
+    bm25 = on.stages["bm25"]
+    assert [on.index.documents[d].id for d in bm25.doc.tolist()] == [ONLY_ONE[word]]
+    assert "late_interaction" in on.stages and "late_interaction" in off.stages
+    assert [off.index.documents[d].id for d in off.hits.doc[:1].tolist()] != [ONLY_ONE[word]]  # the rule off: moved
+    assert [on.index.documents[d].id for d in on.hits.doc[:1].tolist()] == [ONLY_ONE[word]]
+    assert np.all(np.diff(on.hits.scores) <= 0)  # the moved document takes the score of the one it displaced
+    assert sorted(on.hits.doc.tolist()) == sorted(off.hits.doc.tolist())  # the same documents, reordered
+
+
+def test_keep_certain_leaves_near_ties_and_short_lists_alone():
+    """The rule moves nothing when BM25's lead is below the margin, the leader is already within the kept ranks,
+    or the rule is off."""
+    docs, bm25 = np.array([5, 6, 7, 8]), np.array([8, 5])
+    assert keep_certain(docs, bm25, np.array([4.0, 2.5]), 0.4, 1) is None  # lead 0.375 < 0.4
+    assert keep_certain(docs, bm25, np.array([4.0, 2.0]), 0.4, 1).tolist() == [3, 0, 1, 2]
+    assert keep_certain(docs, bm25, np.array([4.0, 2.0]), 0.0, 1) is None
+    assert keep_certain(docs, np.array([6]), np.array([4.0]), 0.4, 2) is None  # already 2nd, kept within 2
+    assert keep_certain(docs, np.array([9]), np.array([4.0]), 0.4, 1) is None  # not in the list
