@@ -11,11 +11,27 @@ from typing import Any
 import numpy as np
 
 from index_builder.types import Hits
+from rerank.evidence import keep_certain
 from rerank.highlights import Highlight
 from rerank.late_interaction import Reordering
 from retrieval.search.cache_check import InvalidEntry, check_result
 from retrieval.search.filters import Filter
 from retrieval.search.view import IndexView
+
+
+def keep_evidence(hits: Hits, stages: dict[str, Hits], lead: float, rank: int) -> Hits:
+    """``hits`` (a reranker's list) with BM25's best document moved back within the first ``rank`` when its lead
+    is certain (:func:`rerank.evidence.keep_certain`; ``[rerank] keep_bm25_lead``); it takes the score of the
+    document it displaced, so the scores stay in order. As given when BM25 did not run or the rule does not apply."""
+    bm25 = stages.get("bm25")
+    if bm25 is None or lead <= 0:
+        return hits
+    perm = keep_certain(hits.doc, bm25.doc, bm25.scores, lead, rank)
+    if perm is None:
+        return hits
+    scores = hits.scores[perm].astype(np.float32)
+    scores[rank - 1] = scores[rank]
+    return Hits(hits.doc[perm], scores, hits.chunk[perm])
 
 
 def reorder(hits: Hits, r: Reordering) -> Hits:

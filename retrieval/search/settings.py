@@ -180,6 +180,11 @@ class RerankConfig(Section):
     latency_window: int = bounded(200, 1)
     highlight_passages: int = bounded(3, 0, "max_top_k")
     highlight_exact: bool = False
+    # certain evidence (rerank/evidence.py, issue 53): BM25's best document, when it leads the next by at least this
+    # share of its score (1 - s2/s1), stays within the first keep_bm25_rank of every reranked list
+    # (docs/results/certain-evidence.md)
+    keep_bm25_lead: float = bounded(0.4, 0, 1, note="0 = off")
+    keep_bm25_rank: int = bounded(1, 1, "max_top_k")
 
     def is_long(self, query_tokens: int, truncated: bool = False) -> bool:
         """A query of ``query_tokens`` token vectors is long when it has more than ``li_long_query_tokens``, or

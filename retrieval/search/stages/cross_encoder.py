@@ -18,7 +18,7 @@ from index_builder.models.encoders import Embedder
 from index_builder.types import Hits
 from rerank.cross_encoder import decisive_gap, rerank_by_scores
 from rerank.windows import best_window, char_span
-from retrieval.search.results import reorder
+from retrieval.search.results import keep_evidence, reorder
 from retrieval.search.settings import RerankConfig
 from retrieval.search.stages.query import Query, ms_since
 from retrieval.search.view import IndexView
@@ -72,6 +72,7 @@ class CrossEncoderStage:
             passages = self.passages(q.index, chunks, q.query_tokens, self.config.ce_window_tokens)
             scores = await q.runner.score_pairs(q.request.query, passages)
             hits = reorder(hits, rerank_by_scores(scores, len(hits), self.config.ce_weight))
+            hits = keep_evidence(hits, q.result.stages, self.config.keep_bm25_lead, self.config.keep_bm25_rank)
         q.result.stages[self.name] = hits
         q.result.timings_ms[self.name] = ms_since(t)
         return hits

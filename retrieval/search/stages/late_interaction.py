@@ -16,7 +16,7 @@ import numpy as np
 from index_builder.models.token_encoders import TokenEncoder, identity
 from index_builder.types import Hits
 from rerank.maxsim import maxsim
-from retrieval.search.results import reorder
+from retrieval.search.results import keep_evidence, reorder
 from retrieval.search.runner import Runner
 from retrieval.search.settings import RerankConfig
 from retrieval.search.stages.query import Query, ms_since
@@ -68,7 +68,7 @@ class LateInteractionStage:
             weight = rr.li_weight_for(len(tokens), truncated)
             if weight > 0.0:
                 order = await q.runner.call(late.rerank, tokens, hits.chunk, q.request.li_top_k, weight)
-                hits = reorder(hits, order)
+                hits = keep_evidence(reorder(hits, order), result.stages, rr.keep_bm25_lead, rr.keep_bm25_rank)
         if weight > 0.0:
             result.stages[self.name] = hits
             result.timings_ms[self.name] = ms_since(t)
