@@ -27,7 +27,7 @@ def nonces(n: int, seed: int = 53) -> list[str]:
     return list(out)
 
 
-@pytest.mark.slow  # 24 s alone (86 s on the shared box): a real server with a store, 300 upserts (each embedded) and 300 retrieves
+@pytest.mark.slow  # 24 s alone (86 s on the shared box): a server with a store, 300 upserts (each embedded) and 300 retrieves
 def test_300_upserted_nonce_words_each_found_in_the_top_3(writable):
     """The durability check of issue 53 as a test, on the served default (the compact token store): 300 upserts
     ``probe document zq<10 letters> about durability``, then each nonce word asked with ``top_k`` 3. On main
