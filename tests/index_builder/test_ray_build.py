@@ -153,7 +153,7 @@ def _same_snapshot(a_root: Path, b_root: Path) -> None:
         assert (a / name).read_text() == (b / name).read_text()
 
 
-@pytest.mark.slow  # ~110 s and the cluster's start (~70 s): a three-node Ray cluster, a worker killed mid-build
+@pytest.mark.slow  # ~30 s and the module's setup (~45 s: the cluster, the reference build): a worker killed mid-build
 def test_a_two_node_ray_build_with_a_killed_worker_writes_the_local_build_s_snapshot(cluster, corpus, local_build,
                                                                                     tmp_path):
     """Two encoder actors, one per worker node; one is killed (kill -9 of its process) once two segments are
@@ -179,7 +179,7 @@ def test_a_two_node_ray_build_with_a_killed_worker_writes_the_local_build_s_snap
     print(f"\n[ray] killed actor {pids[0]} after {before} segments; {embedded} passages embedded on 2 nodes")
 
 
-@pytest.mark.slow  # ~60 s: two Ray builds, the first one's driver killed
+@pytest.mark.slow  # ~40 s: two Ray builds, the first one's driver killed
 def test_a_ray_build_whose_driver_dies_keeps_the_previous_generation_and_resumes(cluster, corpus, local_build,
                                                                                 tmp_path):
     """The driver killed (kill -9) after three segments: ``CURRENT`` still names the previous generation; the same
@@ -215,7 +215,7 @@ def test_a_ray_build_whose_driver_dies_keeps_the_previous_generation_and_resumes
     print(f"\n[ray] driver killed after {done} segments; the resumed build embedded {embedded} of {total} passages")
 
 
-@pytest.mark.slow  # ~80 s: a Ray build into a spawned engine host
+@pytest.mark.slow  # ~40 s: a Ray build into a spawned engine host
 def test_a_ray_build_into_the_engine_upserts_from_parallel_tasks(cluster, corpus, local_build, tmp_path):
     """``[backend] kind = "qdrant"`` at an engine URL (``hybridrag engine``, Qdrant's engine behind its REST API in
     another process): the build's snapshot goes into the collection from Ray tasks, several at once, and the engine
@@ -273,7 +273,7 @@ def _raylet_of(pid: int) -> int:
     return ppid
 
 
-@pytest.mark.slow  # ~70 s: a node joins the Ray cluster and leaves mid-build
+@pytest.mark.slow  # ~35 s: a node of the Ray cluster leaves mid-build
 def test_a_ray_build_survives_a_node_that_leaves(cluster, corpus, local_build, tmp_path):
     """One worker node's raylet killed (kill -9) mid-build, its actor with it: the driver retires that actor once the
     node is gone, the other finishes the batches, and the snapshot equals the local build's. (Last in this module:
