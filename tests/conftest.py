@@ -1,4 +1,4 @@
-"""Shared fixtures: the real bundled model and a real index of the sample corpus, built once per session."""
+"""Shared fixtures: the real bundled model and a real index of the sample corpus, built once per run."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ from tests.helpers import SAMPLE
 # pytest-xdist (the README's command, ``-n 2``): a file's tests run on one worker, so its module fixtures (servers,
 # clusters) are set up once; these run together: the two fuzzers share one server (``fuzz_server``), and the Ray
 # tests run one after another (a cluster's teardown, ``ray stop --force``, ends every Ray process on the machine).
-# Session fixtures are built once per worker. xdist's own ``--dist loadgroup`` cannot be used: it renames test ids
-# through an attribute pytest 9 no longer reads.
+# The model is loaded once per worker; the sample indexes, which tests only read, are built once per run
+# (``built_once``). xdist's own ``--dist loadgroup`` cannot be used: it renames test ids through an attribute pytest 9
+# no longer reads.
 XDIST_GROUPS = {"tests/retrieval/serving/test_fuzz.py": "fuzz_server",
                 "tests/retrieval/serving/test_http_fuzz.py": "fuzz_server",
                 "tests/index_builder/test_ray_build.py": "ray",
@@ -174,7 +175,7 @@ def any_pipeline(request):
 @pytest.fixture(scope="session")
 def writable_template(tmp_path_factory, sample_docs, config, embedder) -> Path:
     """A document store seeded with the sample corpus and a snapshot built from it (covering its sequence
-    number), built once per session: tests that write take a copy (``writable``)."""
+    number), built once per run: tests that write take a copy (``writable``)."""
 
     def build(root: Path) -> None:
         store = DocumentStore(root / "store.db")
