@@ -1,10 +1,11 @@
-"""Shared fixtures: the real bundled model and a real index of the sample corpus, built once per session."""
+"""Shared fixtures: the real bundled model and a real index of the sample corpus, built once per run."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,9 @@ from tests.helpers import SAMPLE
 # pytest-xdist (the README's command, ``-n 2``): a file's tests run on one worker, so its module fixtures (servers,
 # clusters) are set up once; these run together: the two fuzzers share one server (``fuzz_server``), and the Ray
 # tests run one after another (a cluster's teardown, ``ray stop --force``, ends every Ray process on the machine).
-# Session fixtures are built once per worker. xdist's own ``--dist loadgroup`` cannot be used: it renames test ids
-# through an attribute pytest 9 no longer reads.
+# The model is loaded once per worker; the sample indexes, which tests only read, are built once per run
+# (``built_once``). xdist's own ``--dist loadgroup`` cannot be used: it renames test ids through an attribute pytest 9
+# no longer reads.
 XDIST_GROUPS = {"tests/retrieval/serving/test_fuzz.py": "fuzz_server",
                 "tests/retrieval/serving/test_http_fuzz.py": "fuzz_server",
                 "tests/index_builder/test_ray_build.py": "ray",
@@ -97,21 +99,40 @@ def sample_qrels():
     return load_qrels(SAMPLE, "test")
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """A read-only session fixture's folder built once per run, not once per xdist worker: the first worker to ask
+    builds it under a lock in the run's base temp (the workers' common parent), the others wait and reuse it. Tests
+    only read these folders (tests that write take a copy: ``writable``); the build is deterministic, so which
+    worker builds it does not matter. Without xdist: a private folder, as before."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.mktemp(name)
+        build(root)
+        return root
+    from filelock import FileLock
+
+    run = tmp_path_factory.getbasetemp().parent  # .../pytest-N, shared by this run's workers (popen-gwK below it)
+    root, done = run / name, run / f"{name}.done"
+    with FileLock(str(run / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(root, ignore_errors=True)  # a worker that died mid-build leaves no marker
+            root.mkdir()
+            build(root)
+            done.touch()
+    return root
+
+
 @pytest.fixture(scope="session")
 def sample_index_dir(tmp_path_factory, sample_docs, config, embedder) -> Path:
-    root = tmp_path_factory.mktemp("sample-index")
-    build_snapshot(sample_docs, root, config.build_config(), embedder)
-    return root
+    return built_once(tmp_path_factory, "sample-index",
+                      lambda root: build_snapshot(sample_docs, root, config.build_config(), embedder))
 
 
 @pytest.fixture(scope="session")
 def int8_index_dir(tmp_path_factory, sample_docs, config, embedder) -> Path:
     """The sample index with its token vectors stored as int8 (the plain storage studies and caches read)."""
-    root = tmp_path_factory.mktemp("sample-index-int8")
     build = config.build_config()
     build = dataclasses.replace(build, token_encoder=dataclasses.replace(build.token_encoder, storage="int8"))
-    build_snapshot(sample_docs, root, build, embedder)
-    return root
+    return built_once(tmp_path_factory, "sample-index-int8", lambda root: build_snapshot(sample_docs, root, build, embedder))
 
 
 @pytest.fixture(scope="session")
@@ -154,14 +175,16 @@ def any_pipeline(request):
 @pytest.fixture(scope="session")
 def writable_template(tmp_path_factory, sample_docs, config, embedder) -> Path:
     """A document store seeded with the sample corpus and a snapshot built from it (covering its sequence
-    number), built once per session: tests that write take a copy (``writable``)."""
-    root = tmp_path_factory.mktemp("writable-template")
-    store = DocumentStore(root / "store.db")
-    store.upsert(sample_docs)
-    seq, docs = store.snapshot()
-    store.close()
-    build_snapshot(docs, root / "index", config.build_config(), embedder, covered_seq=seq)
-    return root
+    number), built once per run: tests that write take a copy (``writable``)."""
+
+    def build(root: Path) -> None:
+        store = DocumentStore(root / "store.db")
+        store.upsert(sample_docs)
+        seq, docs = store.snapshot()
+        store.close()
+        build_snapshot(docs, root / "index", config.build_config(), embedder, covered_seq=seq)
+
+    return built_once(tmp_path_factory, "writable-template", build)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -30,17 +31,18 @@ def _tokens_bytes(root) -> int:
     return int(snap.token_vectors.nbytes + (0 if snap.token_scales is None else snap.token_scales.nbytes))
 
 
-def test_a_compact_build_is_smaller_and_scores_on_its_codes(tmp_path, config, embedder, sample_docs):
-    int8 = build_snapshot(sample_docs, tmp_path / "int8", _with_storage(config, "int8"), embedder)
+def test_a_compact_build_is_smaller_and_scores_on_its_codes(tmp_path, config, embedder, sample_docs, int8_index_dir):
+    """Against the sample built with int8 storage (``int8_index_dir``: the same build, made once per run)."""
     compact = build_snapshot(sample_docs, tmp_path / "compact", _with_storage(config, "pool3+bins"), embedder)
-    assert compact.embedded == int8.embedded == int8.chunks  # a build of its own: nothing to reuse
-    a, b = _tokens_bytes(tmp_path / "int8"), _tokens_bytes(tmp_path / "compact")
+    chunks = len(load_snapshot(int8_index_dir, checksums=False).chunks)
+    assert compact.embedded == compact.chunks == chunks  # a build of its own: nothing to reuse
+    a, b = _tokens_bytes(int8_index_dir), _tokens_bytes(tmp_path / "compact")
     assert b < a / 20  # 50 bytes per pooled vector, a third as many vectors, against 388 per token
     snap = load_snapshot(tmp_path / "compact")
     assert snap.manifest["models"]["token_encoder"]["dtype"] == "pool3+bins"
     assert snap.token_vectors.dtype == np.uint8 and snap.token_scales.dtype == np.float16
     # each chunk keeps about a third of its tokens (at least one)
-    n_int8 = np.diff(load_snapshot(tmp_path / "int8", checksums=False).token_offsets)
+    n_int8 = np.diff(load_snapshot(int8_index_dir, checksums=False).token_offsets)
     n_compact = np.diff(snap.token_offsets)
     assert np.array_equal(n_compact, np.maximum(n_int8 // 3, 1))
 
@@ -64,15 +66,15 @@ def test_a_compact_build_is_smaller_and_scores_on_its_codes(tmp_path, config, em
     old = LateInteractionReranker(snap.token_vectors, snap.token_offsets, snap.token_scales, "pool3+bins")
     assert old.token_sims(query, 0) is None
     # the codes stand for unit-ish vectors near the int8 store's pooled ones: MaxSim correlates with int8's
-    full = SearchIndex(load_snapshot(tmp_path / "int8"), config).late
+    full = SearchIndex(load_snapshot(int8_index_dir), config).late
     corr = np.corrcoef(full.scores(query, np.arange(100)), index.late.scores(query, np.arange(100)))[0, 1]
     assert corr > 0.8, corr
 
 
 def test_an_int8_index_is_restored_compact_without_the_model_and_not_back(tmp_path, config, embedder,
-                                                                           sample_docs, caplog):
+                                                                           sample_docs, caplog, int8_index_dir):
     root = tmp_path / "idx"
-    build_snapshot(sample_docs, root, _with_storage(config, "int8"), embedder)
+    shutil.copytree(int8_index_dir, root)  # the sample built with int8 storage (made once per run), a copy to move
     int8 = load_snapshot(root, checksums=False)
     moved = build_snapshot(sample_docs, root, _with_storage(config, "pool3+bins"), embedder)
     assert moved.embedded == 0 and moved.timings.get("restore", 0) > 0  # re-stored from the int8 rows
