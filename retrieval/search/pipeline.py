@@ -62,6 +62,7 @@ from retrieval.search.stages.cross_encoder import CrossEncoderStage
 from retrieval.search.stages.first_stage import FirstStage
 from retrieval.search.stages.highlights import HighlightStage
 from retrieval.search.stages.late_interaction import LateInteractionStage
+from retrieval.search.stages.phrases import apply_phrases
 from retrieval.search.stages.query import Query, ms_since
 from retrieval.search.view import IndexView
 
@@ -360,7 +361,9 @@ class Pipeline:
         if want_li:
             self.li_stage.start(q)  # a ColBERT query encoding beside the first stage
         current = await self.first_stage.run(q, need_tokens=want_li and self.models.embedder_tokens)
-        current = await self._rerank(q, current, want_li, want_ce, deadline)
+        phrases = self.config.first_stage.phrases  # quoted phrases: before the rerankers' head and after them
+        current = await self._rerank(q, apply_phrases(q, current, phrases), want_li, want_ce, deadline)
+        current = apply_phrases(q, current, phrases)
         result = q.result
         result.hits = current.top(request.k)
         if scope is not None and cache is not None and q.query_vec is not None and not result.degraded:
