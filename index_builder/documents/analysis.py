@@ -65,9 +65,11 @@ class Analyzer:
                 continue
             for piece in _SPLIT_RE.split(span):
                 parts.extend(self._words(piece))
-            whole = span.strip("_")
-            if 2 < len(whole) <= MAX_WHOLE and _SPLIT_RE.search(whole):
-                wholes.append(whole)
+            # the span, and the dotted terms the plain analysis makes of it ("certificates.crt" of
+            # "ca-certificates.crt"), so that what matched before still matches
+            for whole in dict.fromkeys([span.strip("_"), *(t for t in self._words(span) if "." in t)]):
+                if 2 < len(whole) <= MAX_WHOLE and _SPLIT_RE.search(whole):
+                    wholes.append(whole)
         return parts, wholes
 
     def _terms(self, text: str, stemmer: Stemmer.Stemmer | None) -> list[str]:

@@ -5,10 +5,13 @@ passage holds every phrase verbatim (case and runs of whitespace normalised) is 
 so the rerankers see the phrase matches in their head, and again on the final list, so they cannot bury them.
 
 Bounded: at most :data:`MAX_PHRASES` phrases of at most :data:`MAX_PHRASE_CHARS` characters each; unbalanced quotes
-mean no phrase (the query is plain text); each candidate costs at most two passages' text (its own chunk, and the
-chunk BM25 ranked it by), each a chunk of the index (hundreds of words)."""
+mean no phrase (the query is plain text); each candidate costs at most :data:`MAX_CHUNKS_PER_DOC` passages' text
+(its own chunk, the chunk BM25 ranked it by, then its document's others), and a query at most
+:data:`MAX_CHECKED_CHARS` characters in all."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -17,6 +20,8 @@ from retrieval.search.stages.query import Query
 
 MAX_PHRASES = 4
 MAX_PHRASE_CHARS = 200
+MAX_CHUNKS_PER_DOC = 16
+MAX_CHECKED_CHARS = 2_000_000  # ~1 ms of casefolding per 100 KB: a few ms a query at most
 MODES = ("off", "boost", "require")
 
 
@@ -53,13 +58,30 @@ def parse_phrases(query: str) -> list[str]:
     return phrases[:MAX_PHRASES]
 
 
-def holds_phrases(hits: Hits, phrases: list[str], passage, other_chunk: dict[int, int]) -> np.ndarray:
-    """bool [len(hits)]: whether each candidate's passage (``passage(chunk) -> str``), or the passage of
-    ``other_chunk[doc]`` (BM25's chunk for it), holds every phrase."""
-    found = np.zeros(len(hits), dtype=bool)
-    for i, (d, c) in enumerate(zip(hits.doc.tolist(), hits.chunk.tolist(), strict=True)):
-        for chunk in dict.fromkeys(x for x in (c, other_chunk.get(d, -1)) if x >= 0):
-            text = normalise(passage(chunk))
+def candidate_chunks(hits: Hits, other_chunk: dict[int, int], starts: np.ndarray | None) -> list[list[int]]:
+    """Each candidate's chunks to read, best guesses first: its own, BM25's for it, then the document's others
+    (``starts``: each document's first chunk, n_docs + 1; None: the first two only), at most
+    :data:`MAX_CHUNKS_PER_DOC`."""
+    out = []
+    for d, c in zip(hits.doc.tolist(), hits.chunk.tolist(), strict=True):
+        rest = range(int(starts[d]), min(int(starts[d + 1]), int(starts[d]) + MAX_CHUNKS_PER_DOC)) \
+            if starts is not None and d + 1 < len(starts) else ()
+        out.append([x for x in dict.fromkeys((c, other_chunk.get(d, -1), *rest)) if x >= 0][:MAX_CHUNKS_PER_DOC])
+    return out
+
+
+def holds_phrases(chunks: list[list[int]], phrases: list[str], passage: Callable[[int], str]) -> np.ndarray:
+    """bool [len(chunks)]: whether one of each candidate's ``chunks`` (``passage(chunk) -> str``) holds every
+    phrase; reading stops after :data:`MAX_CHECKED_CHARS` characters in all (the rest count as not holding)."""
+    found = np.zeros(len(chunks), dtype=bool)
+    budget = MAX_CHECKED_CHARS
+    for i, candidates in enumerate(chunks):
+        for chunk in candidates:
+            text = passage(chunk)
+            budget -= len(text)
+            if budget < 0:
+                return found
+            text = normalise(text)
             if all(p in text for p in phrases):
                 found[i] = True
                 break
@@ -75,7 +97,8 @@ def apply_phrases(q: Query, hits: Hits, mode: str) -> Hits:
         return hits
     bm25 = q.result.stages.get("bm25")
     other = dict(zip(bm25.doc.tolist(), bm25.chunk.tolist(), strict=True)) if bm25 is not None else {}
-    found = holds_phrases(hits, phrases, q.index.passage_with_title, other)
+    chunks = candidate_chunks(hits, other, getattr(q.index, "starts", None))  # an engine's view has no starts
+    found = holds_phrases(chunks, phrases, q.index.passage_with_title)
     if mode == "require":
         return Hits(hits.doc[found], hits.scores[found], hits.chunk[found])
     if found.all() or not found.any():
