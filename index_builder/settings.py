@@ -364,7 +364,7 @@ class AnalyzerConfig(Section):
     stemmer: str = "porter"
     stopwords: str = one_of("lucene", ("lucene", "none"))
     lowercase: bool = True
-    identifiers: bool = False
+    identifiers: bool = True
 
     def check(self) -> None:
         if self.stemmer != "none":

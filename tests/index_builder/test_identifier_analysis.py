@@ -12,7 +12,7 @@ from index_builder.settings import AnalyzerConfig
 from retrieval.config import load_config
 from retrieval.search.index import SearchIndex
 
-PLAIN = Analyzer()
+PLAIN = Analyzer(AnalyzerConfig(identifiers=False))
 IDENT = Analyzer(AnalyzerConfig(identifiers=True))
 
 
@@ -54,7 +54,7 @@ def test_wholes_are_bounded_and_unstemmed():
 
 def test_the_manifest_names_the_option_and_an_old_manifest_reads_as_off():
     assert PLAIN.settings()["tokenizer"] == "lucene-standard-like"  # what every snapshot built before records
-    assert Analyzer.from_settings(PLAIN.settings()).config == AnalyzerConfig()
+    assert Analyzer.from_settings(PLAIN.settings()).config == AnalyzerConfig(identifiers=False)
     assert Analyzer.from_settings(IDENT.settings()).config.identifiers is True
     old = {"tokenizer": "lucene-standard-like", "lowercase": True, "stopwords": "lucene", "stemmer": "porter"}
     assert Analyzer.from_settings(old)("os.path.join") == ["os.path.join"]

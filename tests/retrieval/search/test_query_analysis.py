@@ -18,6 +18,7 @@ import pytest
 
 from index_builder.build.builder import build_snapshot
 from index_builder.documents.analysis import Analyzer
+from index_builder.settings import AnalyzerConfig
 from index_builder.types import Document
 from retrieval.config import load_config
 from retrieval.search.index import SearchIndex
@@ -55,13 +56,14 @@ def _debian_docs() -> list[Document]:
 def _unique(docs: list[Document], pattern: re.Pattern[str], min_files: int) -> dict[str, str]:
     """Strings matching ``pattern`` that exactly one document holds (in any case), each of whose analysed words
     ``min_files`` other documents hold: query -> the document's id."""
+    plain = Analyzer(AnalyzerConfig(identifiers=False))
     lower = {d.id: " ".join(d.text.lower().split()) for d in docs}
-    words = {d.id: set(Analyzer()(re.sub(r"[._-]+", " ", d.text))) for d in docs}
+    words = {d.id: set(plain(re.sub(r"[._-]+", " ", d.text))) for d in docs}
     out = {}
     for d in docs:
         for found in sorted(set(pattern.findall(d.text))):
             key = " ".join(found.lstrip("-").lower().split())
-            parts = Analyzer()(re.sub(r"[._-]+", " ", found))
+            parts = plain(re.sub(r"[._-]+", " ", found))
             if len(parts) < 2 or sum(key in t for t in lower.values()) != 1:
                 continue
             if all(sum(p in w for i, w in words.items() if i != d.id) >= min_files for p in parts):
