@@ -55,7 +55,9 @@ def parse_phrases(query: str) -> list[str]:
         phrase = normalise(piece)
         if phrase and phrase not in phrases:
             phrases.append(phrase)
-    return phrases[:MAX_PHRASES]
+            if len(phrases) == MAX_PHRASES:
+                break
+    return phrases
 
 
 def candidate_chunks(hits: Hits, other_chunk: dict[int, int], starts: np.ndarray | None) -> list[list[int]]:

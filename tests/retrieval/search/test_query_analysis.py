@@ -14,15 +14,21 @@ import re
 import shutil
 from pathlib import Path
 
+import grpc
+import httpx
 import pytest
 
 from index_builder.build.builder import build_snapshot
 from index_builder.documents.analysis import Analyzer
 from index_builder.settings import AnalyzerConfig
 from index_builder.types import Document
-from retrieval.config import load_config
+from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
+from retrieval.config import ServerConfig, load_config
 from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
+from retrieval.search.stages.phrases import MAX_PHRASES, parse_phrases
+from retrieval.serving.server import BackgroundServer
+from retrieval.serving.settings import HttpConfig
 
 DOC = Path("/usr/share/doc")
 FILES = 40
@@ -133,3 +139,26 @@ def test_a_quoted_phrase_puts_the_one_file_that_holds_it_first(debian, embedder,
     assert hit["boost"] == len(probes) and hit["require"] == len(probes)
     assert all(len(r) == 1 for r in top["require"].values())  # only the one file holds the phrase
     assert hit["off"] <= hit["boost"]
+
+
+def test_quoted_queries_keep_the_doors_limits(pipeline):
+    """Quotes change nothing of what a door refuses: over ``max_query_chars`` is a 400 / INVALID_ARGUMENT; at the
+    limit, quotes however many (balanced or not) are answered, and at most MAX_PHRASES phrases are read."""
+    limit = pipeline.config.first_stage.max_query_chars
+    many = ('"bee dance" ' * limit)[:limit]
+    assert len(parse_phrases(many)) <= MAX_PHRASES and parse_phrases('"' * limit) == []
+    server = BackgroundServer(pipeline, ServerConfig(port=0), http=HttpConfig(port=0))
+    try:
+        url = server.http_url + "/v1/retrieve"
+        for query in (many, '"' * limit, '"bees' * (limit // 5), '"how do bees dance"'):
+            r = httpx.post(url, json={"query": query, "top_k": 3}, timeout=120)
+            assert r.status_code == 200, r.text[:300]
+        r = httpx.post(url, json={"query": '"' * (limit + 1), "top_k": 3}, timeout=60)
+        assert r.status_code == 400 and f"at most {limit} are allowed" in r.json()["error"]["message"]
+        with RetrieverClient(server.target, ClientOptions(retry=RetryPolicy(attempts=1), timeout=120)) as c:
+            assert c.retrieve('"how do bees dance"', 3).passages
+            with pytest.raises(grpc.RpcError) as e:
+                c.retrieve('"bees"' * (limit // 6 + 1), 3)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "are allowed" in e.value.details()
+    finally:
+        server.stop()
