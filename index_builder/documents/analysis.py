@@ -56,12 +56,14 @@ class Analyzer:
         return [t for t in toks if t and t not in self._stop]
 
     def _split(self, text: str) -> tuple[list[str], list[str]]:
-        """``identifiers``: (the parts, analysed as words; the whole identifiers, kept as they are)."""
+        """``identifiers``: (the parts, analysed as words; the whole identifiers, kept as they are). The spans
+        without a joiner (most of a text) are analysed together, in one pass, as without the option."""
+        plain: list[str] = []
         parts: list[str] = []
         wholes: list[str] = []
         for span in _SPAN_RE.findall(text):
-            if not any(c in span for c in "._-") or _VERSION_RE.fullmatch(span):
-                parts.extend(self._words(span))
+            if not ("." in span or "_" in span or "-" in span) or _VERSION_RE.fullmatch(span):
+                plain.append(span)
                 continue
             for piece in _SPLIT_RE.split(span):
                 parts.extend(self._words(piece))
@@ -70,7 +72,7 @@ class Analyzer:
             for whole in dict.fromkeys([span.strip("_"), *(t for t in self._words(span) if "." in t)]):
                 if 2 < len(whole) <= MAX_WHOLE and _SPLIT_RE.search(whole):
                     wholes.append(whole)
-        return parts, wholes
+        return self._words(" ".join(plain)) + parts, wholes
 
     def _terms(self, text: str, stemmer: Stemmer.Stemmer | None) -> list[str]:
         """Terms: tokenise, lowercase, drop possessives and stopwords, stem (with ``identifiers``, the whole
