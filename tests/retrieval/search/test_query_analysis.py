@@ -26,6 +26,7 @@ from retrieval.client import ClientOptions, RetrieverClient, RetryPolicy
 from retrieval.config import ServerConfig, load_config
 from retrieval.search.index import SearchIndex
 from retrieval.search.pipeline import Pipeline
+from retrieval.search.semantic_cache import SemanticCache
 from retrieval.search.stages.phrases import MAX_PHRASES, parse_phrases
 from retrieval.serving.server import BackgroundServer
 from retrieval.serving.settings import HttpConfig
@@ -162,3 +163,15 @@ def test_quoted_queries_keep_the_doors_limits(pipeline):
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "are allowed" in e.value.details()
     finally:
         server.stop()
+
+
+def test_a_quoted_query_is_not_answered_from_the_unquoted_ones_cache(sample_index, embedder, config):
+    """The semantic cache would take the two for one query (same words, near-identical embeddings); the phrases
+    are part of its scope."""
+    pipe = Pipeline(sample_index, embedder, config, cache=SemanticCache(config.cache))
+    try:
+        pipe.search("how do honey bees dance", 5)
+        assert pipe.search("how do honey bees dance ", 5).cache_hit  # a near repeat is answered from the cache
+        assert not pipe.search('how do "honey bees dance"', 5).cache_hit
+    finally:
+        pipe.close()
