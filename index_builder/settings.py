@@ -356,7 +356,7 @@ class ChunkConfig(Section):
 @dataclass(frozen=True)
 class AnalyzerConfig(Section):
     """``stemmer``: a PyStemmer algorithm ("porter", "english" = Porter2, ...) or "none". ``identifiers``: a term
-    joined by ``.``, ``_`` or ``-`` (``os.path.join``, ``--preserve-root``, ``ERR_CONNECTION_RESET``) is also kept
+    joined by ``_`` or ``-`` (``--preserve-root``, ``ERR_CONNECTION_RESET``, ``opts.worker_threads``) is also kept
     whole beside its parts, so the one passage that holds it exactly outranks passages with the parts scattered
     (index_builder/documents/analysis.py)."""
 
