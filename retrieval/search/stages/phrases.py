@@ -5,23 +5,24 @@ passage holds every phrase verbatim (case and runs of whitespace normalised) is 
 so the rerankers see the phrase matches in their head, and again on the final list, so they cannot bury them.
 
 Bounded: at most :data:`MAX_PHRASES` phrases of at most :data:`MAX_PHRASE_CHARS` characters each; unbalanced quotes
-mean no phrase (the query is plain text); each candidate costs at most :data:`MAX_CHUNKS_PER_DOC` passages' text
-(its own chunk, the chunk BM25 ranked it by, then its document's others), and a query at most
-:data:`MAX_CHECKED_CHARS` characters in all."""
+mean no phrase (the query is plain text); each candidate costs one read of its document (at most
+:data:`MAX_DOC_CHARS`; a longer one: its own passage and BM25's), a query at most :data:`MAX_CHECKED_CHARS`
+characters in all."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
 
 import numpy as np
 
 from index_builder.types import Hits
 from retrieval.search.stages.query import Query
+from retrieval.search.view import IndexView
 
 MAX_PHRASES = 4
 MAX_PHRASE_CHARS = 200
-MAX_CHUNKS_PER_DOC = 16
-MAX_CHECKED_CHARS = 2_000_000  # ~1 ms of casefolding per 100 KB: a few ms a query at most
+MAX_DOC_CHARS = 65_536  # a longer document is checked on its candidate passages only
+MAX_CHECKED_CHARS = 2_000_000  # a pattern search reads ~1 GB/s: about a millisecond a query at most
 MODES = ("off", "boost", "require")
 
 
@@ -60,47 +61,56 @@ def parse_phrases(query: str) -> list[str]:
     return phrases
 
 
-def candidate_chunks(hits: Hits, other_chunk: dict[int, int], starts: np.ndarray | None) -> list[list[int]]:
-    """Each candidate's chunks to read, best guesses first: its own, BM25's for it, then the document's others
-    (``starts``: each document's first chunk, n_docs + 1; None: the first two only), at most
-    :data:`MAX_CHUNKS_PER_DOC`."""
-    out = []
-    for d, c in zip(hits.doc.tolist(), hits.chunk.tolist(), strict=True):
-        rest = range(int(starts[d]), min(int(starts[d + 1]), int(starts[d]) + MAX_CHUNKS_PER_DOC)) \
-            if starts is not None and d + 1 < len(starts) else ()
-        out.append([x for x in dict.fromkeys((c, other_chunk.get(d, -1), *rest)) if x >= 0][:MAX_CHUNKS_PER_DOC])
-    return out
+def phrase_pattern(phrase: str) -> re.Pattern[str]:
+    r"""A normalised phrase as a case-insensitive pattern over raw text, its words apart by any whitespace: a
+    literal sequence (no backtracking), searched in C without normalising each passage first.
+
+    >>> bool(phrase_pattern("no space left").search("write: No  space\n left on device"))
+    True
+    """
+    return re.compile(r"\s+".join(map(re.escape, phrase.split(" "))), re.IGNORECASE)
 
 
-def holds_phrases(chunks: list[list[int]], phrases: list[str], passage: Callable[[int], str]) -> np.ndarray:
-    """bool [len(chunks)]: whether one of each candidate's ``chunks`` (``passage(chunk) -> str``) holds every
-    phrase; reading stops after :data:`MAX_CHECKED_CHARS` characters in all (the rest count as not holding)."""
-    found = np.zeros(len(chunks), dtype=bool)
+def holds_phrases(hits: Hits, patterns: list[re.Pattern[str]], index: IndexView, other_chunk: dict[int, int],
+                  known: dict[int, bool] | None = None) -> np.ndarray:
+    """bool [len(hits)]: whether each candidate holds every phrase: its document's title and text when at most
+    :data:`MAX_DOC_CHARS` long (one read of the document: a phrase across a chunk boundary counts), else its own
+    passage or the one BM25 ranked it by (``other_chunk``); reading stops after :data:`MAX_CHECKED_CHARS`
+    characters in all (the rest count as not holding). ``known``: answers by document, read and filled (a second
+    pass over the same query's candidates reads nothing)."""
+    found = np.zeros(len(hits), dtype=bool)
     budget = MAX_CHECKED_CHARS
-    for i, candidates in enumerate(chunks):
-        for chunk in candidates:
-            text = passage(chunk)
+    known = {} if known is None else known
+    for i, (d, c) in enumerate(zip(hits.doc.tolist(), hits.chunk.tolist(), strict=True)):
+        if d in known:
+            found[i] = known[d]
+            continue
+        doc = index.documents[d]
+        if len(doc.text) <= MAX_DOC_CHARS:
+            texts = [f"{doc.title}\n{doc.text}"]
+        else:
+            texts = [index.passage_with_title(x) for x in dict.fromkeys((c, other_chunk.get(d, -1))) if x >= 0]
+        for text in texts:
             budget -= len(text)
             if budget < 0:
                 return found
-            text = normalise(text)
-            if all(p in text for p in phrases):
+            if all(p.search(text) for p in patterns):
                 found[i] = True
                 break
+        known[d] = bool(found[i])
     return found
 
 
-def apply_phrases(q: Query, hits: Hits, mode: str) -> Hits:
+def apply_phrases(q: Query, hits: Hits, mode: str, known: dict[int, bool] | None = None) -> Hits:
     """``hits`` with the candidates holding the query's phrases first (``boost``; each group keeps its order, and
     the scores are shifted so they still descend), or only those (``require``). Unchanged when the query has no
-    phrase or ``mode`` is ``off``; ``q.result.phrases`` records the phrases and how many candidates hold them."""
+    phrase or ``mode`` is ``off``. ``known``: the same query's answers by document (:func:`holds_phrases`)."""
     phrases = parse_phrases(q.request.query) if mode != "off" else []
     if not phrases or not len(hits):
         return hits
     bm25 = q.result.stages.get("bm25")
     other = dict(zip(bm25.doc.tolist(), bm25.chunk.tolist(), strict=True)) if bm25 is not None else {}
-    chunks = candidate_chunks(hits, other, getattr(q.index, "starts", None))  # an engine's view has no starts
-    found = holds_phrases(chunks, phrases, q.index.passage_with_title)
+    found = holds_phrases(hits, [phrase_pattern(p) for p in phrases], q.index, other, known)
     if mode == "require":
         return Hits(hits.doc[found], hits.scores[found], hits.chunk[found])
     if found.all() or not found.any():
