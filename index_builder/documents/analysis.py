@@ -16,6 +16,8 @@ docs/results/query-analysis.md). Text without such spans is analysed exactly as 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 import Stemmer
 
@@ -46,10 +48,10 @@ class Analyzer:
         self._stop = LUCENE_ENGLISH_STOPWORDS if config.stopwords == "lucene" else frozenset()
 
     @classmethod
-    def from_settings(cls, settings: dict[str, object]) -> Analyzer:
+    def from_settings(cls, settings: Mapping[str, Any]) -> Analyzer:
         """The analyzer a snapshot's manifest records (:meth:`settings`); one recorded before ``identifiers``
         existed has the plain tokenizer."""
-        keys = {k: settings[k] for k in ("stemmer", "stopwords", "lowercase") if k in settings}
+        keys: dict[str, Any] = {k: settings[k] for k in ("stemmer", "stopwords", "lowercase") if k in settings}
         return cls(AnalyzerConfig(**keys, identifiers=settings.get("tokenizer") == IDENTIFIER_TOKENIZER))
 
     def _words(self, text: str) -> list[str]:

@@ -362,9 +362,9 @@ class Pipeline:
         if want_li:
             self.li_stage.start(q)  # a ColBERT query encoding beside the first stage
         current = await self.first_stage.run(q, need_tokens=want_li and self.models.embedder_tokens)
-        phrases, held = self.config.first_stage.phrases, {}  # quoted phrases: before the rerankers and after them
-        current = await self._rerank(q, apply_phrases(q, current, phrases, held), want_li, want_ce, deadline)
-        current = apply_phrases(q, current, phrases, held)
+        mode, held = self.config.first_stage.phrases, dict[int, bool]()  # quoted phrases: before and after reranking
+        current = await self._rerank(q, apply_phrases(q, current, mode, held), want_li, want_ce, deadline)
+        current = apply_phrases(q, current, mode, held)
         result = q.result
         result.hits = current.top(request.k)
         if scope is not None and cache is not None and q.query_vec is not None and not result.degraded:
