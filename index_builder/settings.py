@@ -355,12 +355,16 @@ class ChunkConfig(Section):
 
 @dataclass(frozen=True)
 class AnalyzerConfig(Section):
-    """``stemmer``: a PyStemmer algorithm ("porter", "english" = Porter2, ...) or "none"."""
+    """``stemmer``: a PyStemmer algorithm ("porter", "english" = Porter2, ...) or "none". ``identifiers``: a term
+    joined by ``_`` or ``-`` (``--preserve-root``, ``ERR_CONNECTION_RESET``, ``opts.worker_threads``) is also kept
+    whole beside its parts, so the one passage that holds it exactly outranks passages with the parts scattered
+    (index_builder/documents/analysis.py)."""
 
     SECTION = "analyzer"
     stemmer: str = "porter"
     stopwords: str = one_of("lucene", ("lucene", "none"))
     lowercase: bool = True
+    identifiers: bool = True
 
     def check(self) -> None:
         if self.stemmer != "none":

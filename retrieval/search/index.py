@@ -15,7 +15,7 @@ import numpy as np
 from index_builder.documents.analysis import Analyzer
 from index_builder.documents.chunking import chunk_passage, chunk_passages
 from index_builder.models.encoders import Embedder
-from index_builder.settings import AnalyzerConfig, BuildConfig
+from index_builder.settings import BuildConfig
 from index_builder.snapshot.format import LoadedSnapshot, load_snapshot
 from index_builder.snapshot.manifest import expected_settings
 from rerank.late_interaction import LateInteractionReranker
@@ -49,8 +49,7 @@ class SearchIndex:
         self.chunks = snapshot.chunks
         self.chunk_doc = snapshot.chunks["doc"].astype(np.int64)
         self.starts = doc_starts(self.chunk_doc, len(self.documents))
-        analyzer = Analyzer(AnalyzerConfig(**{k: snapshot.manifest["analyzer"][k]
-                                              for k in ("stemmer", "stopwords", "lowercase")}))
+        analyzer = Analyzer.from_settings(snapshot.manifest["analyzer"])
         self.bm25 = BM25Retriever(snapshot.bm25, analyzer, self.starts)
         self.dense: DenseRetriever | None = None
         if snapshot.vectors is not None and snapshot.hnsw is not None:

@@ -62,6 +62,7 @@ from retrieval.search.stages.cross_encoder import CrossEncoderStage
 from retrieval.search.stages.first_stage import FirstStage
 from retrieval.search.stages.highlights import HighlightStage
 from retrieval.search.stages.late_interaction import LateInteractionStage
+from retrieval.search.stages.phrases import apply_phrases, parse_phrases
 from retrieval.search.stages.query import Query, ms_since
 from retrieval.search.view import IndexView
 
@@ -347,8 +348,9 @@ class Pipeline:
             want_ce = False
         scope = None
         if cache is not None and q.query_vec is None and "dense" in request.stages and q.index.dense is not None:
+            phrases = tuple(parse_phrases(request.query)) if self.config.first_stage.phrases != "off" else ()
             scope = ("retrieve", request.filter, request.k, request.candidates, request.stages, request.li_top_k,
-                     request.ce_top_k, request.exact_dense)
+                     request.ce_top_k, request.exact_dense, phrases)  # a quoted query never answers an unquoted one
             if (hit := await self._cached(q, cache, scope, epoch)) is not None:
                 if request.highlights:  # for this query, not the cached one's (never cached themselves)
                     hit.highlights = await self.highlight_stage.run(q, hit)
@@ -360,7 +362,9 @@ class Pipeline:
         if want_li:
             self.li_stage.start(q)  # a ColBERT query encoding beside the first stage
         current = await self.first_stage.run(q, need_tokens=want_li and self.models.embedder_tokens)
-        current = await self._rerank(q, current, want_li, want_ce, deadline)
+        mode, held = self.config.first_stage.phrases, dict[int, bool]()  # quoted phrases: before and after reranking
+        current = await self._rerank(q, apply_phrases(q, current, mode, held), want_li, want_ce, deadline)
+        current = apply_phrases(q, current, mode, held)
         result = q.result
         result.hits = current.top(request.k)
         if scope is not None and cache is not None and q.query_vec is not None and not result.degraded:

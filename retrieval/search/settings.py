@@ -111,7 +111,10 @@ class FirstStageConfig(Section):
     running, on an in-process index with the embedder's own token vectors, runs all its stages in sequence on one
     thread kept for solo searches; requests that arrive meanwhile take the batched path
     (docs/results/interactive-cascade.md). ``parallel``: BM25 beside the query embedding (batched), or beside the
-    dense search in a solo search over at least ``solo_beside_from`` chunks (docs/results/scale.md)."""
+    dense search in a solo search over at least ``solo_beside_from`` chunks (docs/results/scale.md).
+
+    ``phrases``: a query's ``"quoted phrases"`` move the candidates whose passage holds them verbatim ahead
+    ("boost") or drop the others ("require"); "off" reads quotes as plain text (retrieval/search/stages/phrases.py)."""
 
     SECTION = "first_stage"
     candidates: int = bounded(100, 1, "max_candidates")
@@ -127,6 +130,7 @@ class FirstStageConfig(Section):
     solo_when_idle: bool = True
     # where BM25 beside the dense search starts to pay in a solo search: where HNSW-SQ8 takes over (docs/results/scale.md)
     solo_beside_from: int = bounded(250_000, 0)
+    phrases: str = one_of("boost", ("off", "boost", "require"))
 
 
 @dataclass(frozen=True)

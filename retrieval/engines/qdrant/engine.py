@@ -35,7 +35,6 @@ import numpy as np
 from index_builder.documents.analysis import Analyzer
 from index_builder.documents.chunking import chunk_passages
 from index_builder.errors import ConfigError
-from index_builder.settings import AnalyzerConfig
 from index_builder.snapshot.format import LoadedSnapshot
 from index_builder.types import Document
 from rerank.late_interaction import LateInteractionReranker
@@ -202,11 +201,11 @@ class QdrantEngine:
                                   "pass --replace to overwrite it")
             self.drop()
         man = snap.manifest
-        analyzer = {k: man["analyzer"][k] for k in ("stemmer", "stopwords", "lowercase")}
+        analyzer = dict(man["analyzer"])
         bm = man.get("bm25", {})
         avgdl = bm.get("avgdl")
         if avgdl is None:
-            terms = Analyzer(AnalyzerConfig(**analyzer)).batch(chunk_passages(snap.documents, snap.chunks))
+            terms = Analyzer.from_settings(analyzer).batch(chunk_passages(snap.documents, snap.chunks))
             avgdl = float(np.mean([len(t) for t in terms])) if terms else 0.0
         k1, b = float(bm.get("k1", 1.5)), float(bm.get("b", 0.75))
         has_tokens = snap.token_vectors is not None and snap.token_offsets is not None
@@ -230,7 +229,7 @@ class QdrantEngine:
         """Upsert chunks ``start:stop`` of ``snap`` (``upload_batch`` points a call, waited for). Idempotent: point
         ids come from document ids and chunk positions, so a retried range writes the same points."""
         assert snap.vectors is not None
-        analyzer = Analyzer(AnalyzerConfig(**plan["analyzer"]))
+        analyzer = Analyzer.from_settings(plan["analyzer"])
         stored = None
         if plan["storage"]:
             assert snap.token_vectors is not None and snap.token_offsets is not None

@@ -24,7 +24,6 @@ import numpy as np
 from index_builder.documents.analysis import Analyzer
 from index_builder.documents.chunking import chunk_passage
 from index_builder.errors import ConfigError
-from index_builder.settings import AnalyzerConfig
 from index_builder.snapshot.manifest import check_settings
 from index_builder.types import Document, Hits
 from rerank.late_interaction import Reordering, rerank_head
@@ -207,7 +206,7 @@ class QdrantView:
                                         "generation": meta.get("generation", 0)},
                                        f"qdrant:{engine.config.location}#{engine.name}")
         a = man.get("analyzer", {})
-        self.analyzer = Analyzer(AnalyzerConfig(**{k: a[k] for k in ("stemmer", "stopwords", "lowercase") if k in a}))
+        self.analyzer = Analyzer.from_settings(a)
         self.payloads = _Payloads(engine)
         self.documents = EngineDocuments(self)
         self.chunk_doc = EngineChunks(self)
