@@ -100,5 +100,18 @@ def expected_settings(config: BuildConfig, embedder: Embedder) -> dict[str, Any]
         "models.embedder.sha256": embedder.files.sha256,
         "models.embedder.max_length": embedder.config.max_length,
         "dim": embedder.dim,
-        **{f"analyzer.{k}": v for k, v in analyzer.items()},
+        # the tokenizer (identifiers kept whole or not) is served as the snapshot records it: queries are analysed
+        # with the manifest's analyzer, so an index built before [analyzer] identifiers still serves (see below)
+        **{f"analyzer.{k}": v for k, v in analyzer.items() if k != "tokenizer"},
     }
+
+
+def analysis_note(manifest: dict[str, Any], config: BuildConfig) -> str | None:
+    """A line for the log when the snapshot's tokenizer is not the configured one (served as the snapshot was
+    built; the next build or rebuild applies the configuration), else None."""
+    have = manifest.get("analyzer", {}).get("tokenizer")
+    want = Analyzer(config.analyzer).settings()["tokenizer"]
+    if have == want:
+        return None
+    return (f"the snapshot was analysed with tokenizer {have!r}, the configuration asks for {want!r}: its queries "
+            "are analysed as it was built until the next build or rebuild")

@@ -6,6 +6,7 @@ stage) swaps in a new one atomically while old requests finish on the old one.
 
 from __future__ import annotations
 
+import logging
 from functools import cached_property
 from pathlib import Path
 from typing import Protocol
@@ -17,7 +18,7 @@ from index_builder.documents.chunking import chunk_passage, chunk_passages
 from index_builder.models.encoders import Embedder
 from index_builder.settings import BuildConfig
 from index_builder.snapshot.format import LoadedSnapshot, load_snapshot
-from index_builder.snapshot.manifest import expected_settings
+from index_builder.snapshot.manifest import analysis_note, expected_settings
 from rerank.late_interaction import LateInteractionReranker
 from retrieval.search.aggregate import doc_starts
 from retrieval.search.bm25 import BM25Retriever, BM25Stats
@@ -25,6 +26,7 @@ from retrieval.search.dense import DenseConfig, DenseRetriever
 from retrieval.search.filters import FilterIndex
 from retrieval.search.settings import IndexConfig  # noqa: F401  (its section lives with the search settings)
 
+log = logging.getLogger("hybridrag.index")
 
 class IndexSettings(Protocol):
     """The configuration sections an index reads (``retrieval.config.AppConfig`` has them): what the snapshot must
@@ -66,9 +68,13 @@ class SearchIndex:
 
     @classmethod
     def load(cls, root: str | Path, config: IndexSettings, embedder: Embedder) -> SearchIndex:
-        """Load and verify the snapshot ``CURRENT`` points at, refusing one built with another model/analyzer."""
+        """Load and verify the snapshot ``CURRENT`` points at, refusing one built with another model or analysis
+        (stopwords, stemmer; the tokenizer is served as built, with a warning)."""
         expected = expected_settings(config.build_config(), embedder)
         snap = load_snapshot(Path(root), expected=expected, checksums=config.index.verify_checksums)
+        note = analysis_note(snap.manifest, config.build_config())
+        if note:
+            log.warning("%s: %s", root, note)
         return cls(snap, config)
 
     @cached_property

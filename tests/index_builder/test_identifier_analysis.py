@@ -1,5 +1,6 @@
 """``[analyzer] identifiers``: a joined identifier is kept whole beside its parts, text without one is analysed as
-before, and the manifest records the option so a server refuses an index analysed the other way (issue 53)."""
+before, and the manifest records the option: a server analyses queries as its index was built, and warns when that is not
+the configured analysis (issue 53)."""
 
 from __future__ import annotations
 
@@ -63,12 +64,20 @@ def test_the_manifest_names_the_option_and_an_old_manifest_reads_as_off():
     assert Analyzer.from_settings(old)("ERR_CONNECTION_RESET") == ["err", "connect", "reset"]
 
 
-def test_a_server_refuses_an_index_analysed_the_other_way(tmp_path, sample_docs, config, embedder):
+def test_a_server_serves_an_index_with_the_analysis_it_was_built_with(tmp_path, sample_docs, config, embedder, caplog):
+    """An index built before the option (or with it off) still serves under the default configuration, its queries
+    analysed as it was built, with a warning naming both; never a refusal that would stop every existing index."""
     off = load_config(environ={}, overrides={"analyzer": {"identifiers": False}})
     on = load_config(environ={}, overrides={"analyzer": {"identifiers": True}})
     build_snapshot(sample_docs[:20], tmp_path, on.build_config(), embedder)
-    with pytest.raises(SnapshotError, match="analyzer.tokenizer: snapshot has 'lucene-standard-like"
-                                            r"\+identifiers', configuration has 'lucene-standard-like'"):
-        SearchIndex.load(tmp_path, off, embedder)
-    index = SearchIndex.load(tmp_path, on, embedder)
-    assert index.bm25.analyzer.config.identifiers
+    with caplog.at_level("WARNING", logger="hybridrag.index"):
+        index = SearchIndex.load(tmp_path, off, embedder)
+    assert index.bm25.analyzer.config.identifiers  # the snapshot's analysis, not the configuration's
+    assert "tokenizer 'lucene-standard-like+identifiers', the configuration asks for 'lucene-standard-like'" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hybridrag.index"):
+        index = SearchIndex.load(tmp_path, on, embedder)
+    assert index.bm25.analyzer.config.identifiers and "tokenizer" not in caplog.text
+    other = load_config(environ={}, overrides={"analyzer": {"stemmer": "none"}})
+    with pytest.raises(SnapshotError, match="analyzer.stemmer"):  # the rest of the analysis is still checked
+        SearchIndex.load(tmp_path, other, embedder)
