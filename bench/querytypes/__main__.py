@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-type", type=int, default=400, help="queries per type at most (both halves)")
     p.add_argument("--man-root", default="/usr/share/man", help="'' for none")
     p.add_argument("--doc-root", default="/usr/share/doc", help="'' for none")
+    p.add_argument("--all-packages", action="store_true", help="debdocs: also files of packages no Debian archive "
+                                                               "has (default: left out where dpkg and apt are here)")
     args = p.parse_args(argv)
     report = {}
     for part in args.parts.split(","):
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             rows, queries, qrels, groups, info = generate(
                 args.docs, args.seed, n_identifiers=args.per_type, n_phrases=args.per_type,
                 max_chars=args.max_chars, man_root=Path(args.man_root) if args.man_root else None,
-                doc_root=Path(args.doc_root) if args.doc_root else None)
+                doc_root=Path(args.doc_root) if args.doc_root else None, debian_only=not args.all_packages)
             summary = write_suite(args.out / part, queries, qrels, args.seed, corpus_rows=rows, info=info,
                                   groups=groups)
         else:

@@ -6,9 +6,10 @@ kept from BEIR's judgments.
   stopwords left out), in the query's order: what a person types into a search box;
 - ``misspelled``: 1 or 2 (seeded) of its words of 5 letters or more each given one typo (a letter dropped,
   doubled, swapped with its neighbour or replaced by a keyboard neighbour);
-- ``long``: the doc-query set of the same split (:func:`retrieval.evaluate.doc_queries`: a judged abstract as the
-  query, the other documents judged for the same need as its answers); its query ids are the source documents'
-  ids, so the evaluation drops the source from every run as BEIR does.
+- ``long``: the doc-query set (:func:`retrieval.evaluate.doc_queries`: a judged abstract as the query, the other
+  documents judged for the same need as its answers) of the test and train splits' judgments (SciFact's test
+  split alone gives 58); its query ids are the source documents' ids, so the evaluation drops the source from
+  every run as BEIR does.
 
 The three forms of one query share its half (drawn by the BEIR query id).
 """
@@ -87,7 +88,8 @@ def corpus_idf(texts: dict[str, str]) -> dict[str, float]:
     return {w: math.log(1 + (n - c + 0.5) / (c + 0.5)) for w, c in df.items()}
 
 
-def generate(dataset: Path, seed: int, *, per_type: int = 400, split: str = "test"
+def generate(dataset: Path, seed: int, *, per_type: int = 400, split: str = "test",
+             long_splits: tuple[str, ...] = ("train",)
              ) -> tuple[Path, Iterator[tuple[str, str, str, dict[str, object]]], Qrels, dict[str, str],
                         dict[str, object]]:
     """(the corpus file, queries ``(id, text, type, metadata)``, qrels, query id -> its half's key, info)."""
@@ -112,9 +114,15 @@ def generate(dataset: Path, seed: int, *, per_type: int = 400, split: str = "tes
                 queries.append((qid, text, qtype, {"source": q}))
                 qrels[qid] = qrels_in[q]
                 groups[qid] = q
-    long_q, long_rel = doc_queries(qrels_in, docs, max_queries=per_type, seed=seed)
+    judged = dict(qrels_in)
+    for extra in long_splits:  # SciFact's test split alone gives 58 doc-queries
+        if extra != split and (Path(dataset) / "qrels" / f"{extra}.tsv").is_file():
+            judged.update({q: j for q, j in load_qrels(dataset, extra).items() if q not in judged})
+    long_q, long_rel = doc_queries(judged, docs, max_queries=per_type, seed=seed)
     for d, text in long_q.items():
         queries.append((d, text, "long", {"source": d}))
         qrels[d] = long_rel[d]
-    info: dict[str, object] = {"source": str(dataset), "split": split, "documents": len(docs)}
+    info: dict[str, object] = {"source": str(dataset), "split": split, "documents": len(docs),
+                               "long_from_splits": [split, *(s for s in long_splits if s != split and
+                                                             (Path(dataset) / "qrels" / f"{s}.tsv").is_file())]}
     return resolve_corpus_path(dataset), iter(queries), qrels, groups, info

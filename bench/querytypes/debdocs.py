@@ -90,11 +90,12 @@ def _read(src: Source, max_chars: int) -> tuple[str, str]:
     return _title(src, found), text
 
 
-def _sources(man_root: Path | None, doc_root: Path | None, seed: int) -> list[Source]:
-    """Man pages and doc files interleaved in a seeded order, files of packages no Debian archive has left out."""
+def _sources(man_root: Path | None, doc_root: Path | None, seed: int, debian_only: bool = True) -> list[Source]:
+    """Man pages and doc files interleaved in a seeded order; with ``debian_only`` (where dpkg and apt are here),
+    files of packages no Debian archive has left out (16,000 generated gcloud man pages on this machine)."""
     man = man_pages(man_root) if man_root and Path(man_root).is_dir() else []
     doc = doc_files(doc_root) if doc_root and Path(doc_root).is_dir() else []
-    owned = debian_owned()
+    owned = debian_owned() if debian_only else None
     if owned is not None:
         owner, debian = owned
         man, doc = ([s for s in lst if owner.get(str(s.path)) in debian] for lst in (man, doc))
@@ -107,11 +108,11 @@ def _sources(man_root: Path | None, doc_root: Path | None, seed: int) -> list[So
 
 def read_corpus(n_docs: int, seed: int, *, max_chars: int = 2000, min_chars: int = 300,
                 man_root: Path | None = Path("/usr/share/man"), doc_root: Path | None = Path("/usr/share/doc"),
-                workers: int = 2, progress: bool = True) -> list[dict[str, Any]]:
+                workers: int = 2, progress: bool = True, debian_only: bool = True) -> list[dict[str, Any]]:
     """``n_docs`` documents (``{"_id", "title", "text", "metadata": {"source"}}``), read in the seeded order of
     :func:`_sources` until that many are kept: the same corpus for a seed on the same installed packages."""
     t0 = time.perf_counter()
-    srcs = _sources(man_root, doc_root, seed)
+    srcs = _sources(man_root, doc_root, seed, debian_only)
     rows: list[dict[str, Any]] = []
     seen_ids: set[str] = set()
     seen_text: set[str] = set()
