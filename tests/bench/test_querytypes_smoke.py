@@ -132,10 +132,11 @@ def test_eval_by_type_reports_every_stage_per_type(suite, sample_index_dir, tmp_
 
 
 def test_reference_stack_scores_the_same_types(suite, tmp_path, monkeypatch):
-    from bench import reference_stack
+    import bench.reference_stack
+    from bench.reference_stack import run_reference
 
-    monkeypatch.setattr(reference_stack, "CACHE", tmp_path / "cache")
-    out = reference_stack.run_reference(suite / "sample", "tune")
+    monkeypatch.setattr(bench.reference_stack, "CACHE", tmp_path / "cache")
+    out = run_reference(suite / "sample", "tune")
     assert set(out["by_type"]) >= {"natural", "keywords", "misspelled"}
     assert set(out["overall"]) == {"bm25s", "faiss_hnsw", "reference"}
     assert out["overall"]["reference"]["ndcg@10"] > 0.3  # the sample's questions are easy: a broken stack is not
