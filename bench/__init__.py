@@ -45,4 +45,6 @@ SCRIPTS: dict[str, tuple[str, str]] = {
     "qdrant_tokens": ("bench.studies.qdrant_tokens", "the compact store's multivectors in Qdrant's own engine (Edge): "
                                                      "float16 on disk, binary / int8 quantization; bytes, scores"),
     "ood": ("bench.studies.ood", "an out-of-domain doc-query set from a dataset's own judgments (a data tool)"),
+    "reference_stack": ("bench.reference_stack", "the tutorial stack (bm25s + faiss HNSW over one vector per "
+                                                 "document + RRF 60) per query type, beside eval --by-type"),
 }

@@ -111,6 +111,9 @@ def add_eval(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=0, help="only the first N queries")
     p.add_argument("--rerank", default="", help="comma-separated subset of late_interaction,cross_encoder,cascade "
                                                 "to evaluate (default: every one the index and config allow)")
+    p.add_argument("--by-type", action="store_true", help="also per query type (queries.jsonl's metadata.type, the "
+                   "query-type suite of bench.querytypes): each stage's nDCG@10, success@1, success@3, MRR@10, and the "
+                   "served stage's gap to the best single stage of each type")
     p.add_argument("--quiet", action="store_true")
     add_common(p)
     p.set_defaults(func=cmd_eval)

@@ -225,6 +225,104 @@ def summarize(stages: Mapping[str, StageRun], qrels: Qrels) -> dict[str, dict[st
     return out
 
 
+# ---------------------------------------------------------------------------------------------- per query type
+
+TYPE_METRICS = ("ndcg@10", "success@1", "success@3", "mrr@10")
+
+
+def load_query_types(dataset: Path) -> dict[str, str]:
+    """Query id -> its ``metadata.type`` in ``queries.jsonl`` (the query-type suite, ``bench.querytypes``); only
+    the queries that have one."""
+    out = {}
+    with open(Path(dataset) / "queries.jsonl", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                o = json.loads(line)
+                t = (o.get("metadata") or {}).get("type") if isinstance(o, dict) else None
+                if isinstance(t, str) and t:
+                    out[str(o["_id"])] = t
+    return out
+
+
+def query_metrics(qrels: Qrels, run: Run, *, ignore_identical_ids: bool = True) -> dict[str, dict[str, float]]:
+    """Per query of ``run`` that has judgments: nDCG@10 (pytrec_eval, graded), success@1 and @3 and MRR@10 (a
+    document is relevant when its grade is above 0; the run ranked by score, best first).
+
+    >>> m = query_metrics({"q": {"a": 1}}, {"q": {"b": 3.0, "a": 2.0}})["q"]
+    >>> m["success@1"], m["success@3"], m["mrr@10"]
+    (0.0, 1.0, 0.5)
+    """
+    if ignore_identical_ids:
+        run = {q: {d: s for d, s in docs.items() if d != q} for q, docs in run.items()}
+    run = {q: docs for q, docs in run.items() if q in qrels}
+    ndcg = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(run)
+    out = {}
+    for q, sc in ndcg.items():
+        relevant = {d for d, g in qrels[q].items() if g > 0}
+        ranked = [d for d, _ in sorted(run[q].items(), key=lambda kv: -kv[1])[:10]]
+        first = next((i for i, d in enumerate(ranked, 1) if d in relevant), 0)
+        out[q] = {"ndcg@10": sc["ndcg_cut_10"], "success@1": float(first == 1), "success@3": float(0 < first <= 3),
+                  "mrr@10": 1.0 / first if first else 0.0}
+    return out
+
+
+def mean_metrics(per_query: Mapping[str, Mapping[str, float]], qids: Sequence[str], failed: int = 0
+                 ) -> dict[str, float]:
+    """The mean of :data:`TYPE_METRICS` over ``qids`` (those with no run count as 0), and how many queries."""
+    n = len(qids) + failed
+    return {**{m: round(sum(per_query[q][m] for q in qids if q in per_query) / max(n, 1), 5) for m in TYPE_METRICS},
+            "queries": n}
+
+
+def by_type(qrels: Qrels, runs: Mapping[str, Run], types: Mapping[str, str],
+            failed: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """Type -> stage (or system) -> :func:`mean_metrics` over the judged queries of that type. ``runs``: stage ->
+    run; ``failed``: stage -> {query id: why} (counted as 0)."""
+    per_stage = {name: query_metrics(qrels, run) for name, run in runs.items()}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for t in sorted({types[q] for q in qrels if q in types}):
+        qids = [q for q in qrels if types.get(q) == t]
+        out[t] = {}
+        for name in runs:
+            fails = (failed or {}).get(name, {})
+            out[t][name] = mean_metrics(per_stage[name], [q for q in qids if q not in fails],
+                                        sum(q in fails for q in qids))
+    return out
+
+
+def type_gaps(table: Mapping[str, Mapping[str, Mapping[str, float]]], served: str,
+              exclude: Sequence[str] = ("dense_exact",)) -> dict[str, dict[str, Any]]:
+    """Per type, the served stage's nDCG@10 against the best other single stage's (``gap`` = served - best,
+    negative where the served default trails), success@1 beside it."""
+    out = {}
+    for t, stages in table.items():
+        others = {n: m for n, m in stages.items() if n != served and n not in exclude}
+        if served not in stages or not others:
+            continue
+        best = max(others, key=lambda n: others[n]["ndcg@10"])
+        out[t] = {"served": served, "best": best, "served_ndcg@10": stages[served]["ndcg@10"],
+                  "best_ndcg@10": others[best]["ndcg@10"],
+                  "gap": round(stages[served]["ndcg@10"] - others[best]["ndcg@10"], 5),
+                  "served_success@1": stages[served]["success@1"], "best_success@1": others[best]["success@1"]}
+    return out
+
+
+def format_by_type(table: Mapping[str, Mapping[str, Mapping[str, float]]],
+                   gaps: Mapping[str, Mapping[str, Any]]) -> str:
+    """The per-type table as printed: one row per type and stage, then a line per type naming the served
+    stage's gap to the best single stage."""
+    lines = [f"{'type':<20} {'stage':<17} {'n':>4} {'nDCG@10':>8} {'S@1':>6} {'S@3':>6} {'MRR@10':>7}"]
+    for t, stages in table.items():
+        for name, m in stages.items():
+            lines.append(f"{t:<20} {name:<17} {int(m['queries']):>4} {m['ndcg@10']:>8.4f} {m['success@1']:>6.3f} "
+                         f"{m['success@3']:>6.3f} {m['mrr@10']:>7.4f}")
+    for t, g in gaps.items():
+        lines.append(f"{t}: served {g['served']} nDCG@10 {g['served_ndcg@10']:.4f} vs best single stage "
+                     f"{g['best']} {g['best_ndcg@10']:.4f} (gap {g['gap']:+.4f}; success@1 "
+                     f"{g['served_success@1']:.3f} vs {g['best_success@1']:.3f})")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------- out-of-domain sets
 
 OOD_KINDS = ("doc-query",)

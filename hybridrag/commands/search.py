@@ -43,6 +43,22 @@ def result_json(pipeline, query: str, res) -> dict[str, Any]:
                      for d, s, c in zip(res.hits.doc, res.hits.scores, res.hits.chunk, strict=False)]}
 
 
+def print_eval(out: dict[str, Any], summary_stages: dict[str, dict[str, float]], failed: dict[str, dict[str, str]],
+               *, ef_search: int) -> None:
+    """The per-stage table ``eval`` prints (the same with and without ``--by-type``)."""
+    print(f"{out['dataset']} ({out['split']}, {out['queries']} queries)")
+    print(f"{'stage':<17} {'nDCG@10':>8} {'R@100':>7} {'QPS':>8} {'p50 ms':>7} {'p99 ms':>7} {'failed':>6}")
+    for name, m in summary_stages.items():
+        print(f"{name:<17} {m['ndcg@10']:>8.4f} {m['recall@100']:>7.4f} {m['qps']:>8.1f} {m['p50_ms']:>7.2f} "
+              f"{m['p99_ms']:>7.2f} {m['failed']:>6}")
+    if "hnsw_recall@100" in out:
+        print(f"HNSW recall@100 vs exact: {out['hnsw_recall@100']:.4f} (ef_search={ef_search})")
+    if failed:
+        first_id, first = next(iter(failed.items()))
+        print(f"{len(failed)} of {out['queries']} queries failed in some stage (counted as 0; listed under "
+              f"failed_queries in --json); first: {first_id}: {next(iter(first.values()))}")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from retrieval.evaluate import RERANK_VARIANTS, failures, hnsw_recall, judged_queries, run_stages, summarize, write_trec
 
@@ -89,17 +105,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out["hnsw_recall@100"] = hnsw_recall(stages["dense"].hits, stages["dense_exact"].hits)
     if build_info:
         out["build"] = build_info
-    print(f"{dataset.name} ({args.split}, {len(queries)} queries)")
-    print(f"{'stage':<17} {'nDCG@10':>8} {'R@100':>7} {'QPS':>8} {'p50 ms':>7} {'p99 ms':>7} {'failed':>6}")
-    for name, m in summary_stages.items():
-        print(f"{name:<17} {m['ndcg@10']:>8.4f} {m['recall@100']:>7.4f} {m['qps']:>8.1f} {m['p50_ms']:>7.2f} "
-              f"{m['p99_ms']:>7.2f} {m['failed']:>6}")
-    if "hnsw_recall@100" in out:
-        print(f"HNSW recall@100 vs exact: {out['hnsw_recall@100']:.4f} (ef_search={config.dense.ef_search})")
-    if failed:
-        first_id, first = next(iter(failed.items()))
-        print(f"{len(failed)} of {len(queries)} queries failed in some stage (counted as 0; listed under "
-              f"failed_queries in --json); first: {first_id}: {next(iter(first.values()))}")
+    print_eval(out, summary_stages, failed, ef_search=config.dense.ef_search)
+    if args.by_type:
+        from retrieval.evaluate import by_type, format_by_type, load_query_types, type_gaps
+
+        table = by_type(qrels, {n: st.run for n, st in stages.items()}, load_query_types(dataset),
+                        {n: st.failed for n, st in stages.items()})
+        out["by_type"], out["type_gaps"] = table, type_gaps(table, served=list(stages)[-1])
+        print(format_by_type(table, out["type_gaps"]))
     if args.run_dir:
         run_dir = Path(args.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
