@@ -141,9 +141,9 @@ class RerankConfig(Section):
 
     Defaults chosen on the tuning splits (SciFact train, NFCorpus dev, and the doc-query sets built from them) by
     the worst case over them, not the mean (docs/results/cascade-robustness.md): late interaction blended half and
-    half with the fused order (``li_weight``), skipped for queries over ``li_long_query_tokens`` query tokens or
-    cut by the encoder (``li_long_weight = 0``; the response names the skip: :meth:`is_long`); the shipped
-    cross-encoder is off.
+    half with the fused order (``li_weight``); queries over ``li_long_query_tokens`` query tokens or cut by the
+    encoder take ``li_long_weight`` (0.5 since issue 53, chosen on the query-type suite's long type: it was 0, the
+    stage skipped; 0 still skips and the response names it: :meth:`is_long`); the shipped cross-encoder is off.
 
     ``li_weight`` / ``ce_weight``: the stage's share in its head's new order; below 1 the stage's scores are
     blended with the order it received (:mod:`rerank.interpolation`; ``hybridrag train`` reports the best weight on
@@ -172,7 +172,7 @@ class RerankConfig(Section):
     li_top_k: int = bounded(20, 1, "max_top_k")
     li_weight: float = bounded(0.5, 0, 1, note="1 = the stage alone")
     li_long_query_tokens: int = bounded(128, 0, note="0 = one weight for every query")
-    li_long_weight: float = bounded(0.0, 0, 1, note="0 = skip late interaction for long queries")
+    li_long_weight: float = bounded(0.5, 0, 1, note="0 = skip late interaction for long queries")
     cross_encoder: bool = False
     ce_top_k: int = bounded(5, 1, "max_top_k")
     ce_weight: float = bounded(1.0, 0, 1, note="1 = the stage alone")
@@ -187,7 +187,7 @@ class RerankConfig(Section):
     # certain evidence (rerank/evidence.py, issue 53): BM25's best document, when it leads the next by at least this
     # share of its score (1 - s2/s1), stays within the first keep_bm25_rank of every reranked list
     # (docs/results/certain-evidence.md)
-    keep_bm25_lead: float = bounded(0.4, 0, 1, note="0 = off")
+    keep_bm25_lead: float = bounded(0.2, 0, 1, note="0 = off")
     keep_bm25_rank: int = bounded(1, 1, "max_top_k")
 
     def is_long(self, query_tokens: int, truncated: bool = False) -> bool:

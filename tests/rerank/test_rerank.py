@@ -51,7 +51,8 @@ def test_li_weight_blends_maxsim_with_the_fused_order(sample_index, embedder, co
     query = "which planet has the largest volcano"
     orders = {}
     for w in (0.0, 0.5, 1.0):
-        cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, li_weight=w))
+        # the blend alone: the certain-evidence rule (keep_bm25_lead, tested in test_certain_evidence.py) off
+        cfg = dataclasses.replace(config, rerank=dataclasses.replace(config.rerank, li_weight=w, keep_bm25_lead=0.0))
         p = Pipeline(sample_index, embedder, cfg)
         try:
             res = p.search(query, k=30, stages=("bm25", "dense", "late_interaction"), use_cache=False)

@@ -31,19 +31,19 @@ def test_a_passage_sized_query_is_served_by_every_stage_and_over_grpc(pipeline, 
     doc = sample_docs[7]
     query = _long_query(doc, 20_000)
     assert 2_048 < len(query) <= pipeline.config.first_stage.max_query_chars
-    res = pipeline.search(query, 10, use_cache=False)  # the defaults: late interaction skipped over 128 tokens
-    assert set(res.stages) >= {"bm25", "dense", "fused"} and not res.degraded
-    assert ("254 query tokens, cut at the encoder's 256 pieces (rerank.li_long_query_tokens = 128)"
-            in res.skipped["late_interaction"])
+    # the defaults: late interaction over the truncated query's 254 token vectors, blended at li_long_weight 0.5
+    res = pipeline.search(query, 10, use_cache=False)
+    assert set(res.stages) >= {"bm25", "dense", "fused", "late_interaction"} and not res.degraded and not res.skipped
     assert pipeline.index.documents[int(res.hits.doc[0])].id == doc.id
-    ungated = Pipeline(sample_index, embedder, dataclasses.replace(config, rerank=dataclasses.replace(
-        config.rerank, li_long_query_tokens=0)))
-    try:  # late interaction over the truncated query's 254 token vectors, when configured to run
-        forced = ungated.search(query, 10, use_cache=False)
-        assert "late_interaction" in forced.stages and not forced.skipped
-        assert ungated.index.documents[int(forced.hits.doc[0])].id == doc.id
+    skipping = Pipeline(sample_index, embedder, dataclasses.replace(config, rerank=dataclasses.replace(
+        config.rerank, li_long_weight=0.0)))
+    try:  # li_long_weight = 0: the stage is skipped for long queries, and the response says why
+        kept = skipping.search(query, 10, use_cache=False)
+        assert ("254 query tokens, cut at the encoder's 256 pieces (rerank.li_long_query_tokens = 128)"
+                in kept.skipped["late_interaction"])
+        assert skipping.index.documents[int(kept.hits.doc[0])].id == doc.id
     finally:
-        ungated.close()
+        skipping.close()
     server = BackgroundServer(pipeline, ServerConfig(port=0))
     try:
         with RetrieverClient(server.target, ClientOptions(retry=RetryPolicy(attempts=1))) as c:

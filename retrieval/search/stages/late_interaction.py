@@ -3,8 +3,8 @@ candidate passage's stored ones (the embedder's own token states, or a ColBERT m
 received (``rerank.li_weight``); everything below the head keeps its order.
 
 Policy (:class:`~retrieval.search.settings.RerankConfig`): a long query (over ``li_long_query_tokens`` query tokens,
-or cut by the encoder) takes ``li_long_weight``, 0 by default: the stage does not reorder it and the result says
-why. It cannot run when the snapshot has no token vectors or they come from another token encoder (the reason is
+or cut by the encoder) takes ``li_long_weight`` (0.5 by default; at 0 the stage does not reorder it and the result says
+why). It cannot run when the snapshot has no token vectors or they come from another token encoder (the reason is
 reported, :meth:`LateInteractionStage.unavailable`)."""
 
 from __future__ import annotations

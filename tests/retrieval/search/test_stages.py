@@ -106,10 +106,15 @@ def test_late_interaction_alone_reorders_the_head_as_the_pipeline_does(served):
     assert hits.top(10).doc.tolist() == reference.hits.doc.tolist()
     np.testing.assert_allclose(hits.top(10).scores, reference.hits.scores, rtol=1e-5, atol=1e-6)
     assert hits.doc[20:].tolist() == fused.doc[20:].tolist()  # below li_top_k the fused order is kept
-    # a long query keeps the fused order, and says why
+    # a long query is blended at li_long_weight (0.5 by default); at 0 it keeps the fused order, and says why
     long_query = " ".join(["honeybees dance to tell the hive where nectar is"] * 30)
     q = _query(served, ThreadRunner(served.models), long_query, stages=("bm25", "dense", "late_interaction"))
-    kept = _solo(stage.run(q, fused))
+    _solo(stage.run(q, fused))
+    assert "late_interaction" in q.result.stages and "late_interaction" not in q.result.skipped
+    skipping = LateInteractionStage(dataclasses.replace(served.config.rerank, li_long_weight=0.0), served.token_encoder,
+                                    embedder_tokens=True, max_length=served.embedder.config.max_length)
+    q = _query(served, ThreadRunner(served.models), long_query, stages=("bm25", "dense", "late_interaction"))
+    kept = _solo(skipping.run(q, fused))
     assert kept.doc.tolist() == fused.doc.tolist() and "late_interaction" not in q.result.stages
     assert q.result.skipped["late_interaction"].startswith("long query:") and not q.result.degraded
 
