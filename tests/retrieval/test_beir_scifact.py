@@ -43,7 +43,7 @@ def test_scifact_build_and_eval(tmp_path):
     # the first 126 word pieces of each 480-piece chunk (measured: 0.6960 against fused 0.7162). The default
     # profile's figures (0.7470 against 0.7222) are in docs/results/cascade-robustness.md.
     # Out of domain, the served default must not lose to the fused list: the doc-query set built from the test
-    # judgments (retrieval.evaluate.build_ood_set; passage-sized queries, which the encoder cuts: late interaction skips them)
+    # judgments (retrieval.evaluate.build_ood_set; passage-sized queries, which the encoder cuts: this profile skips them)
     ood = tmp_path / "scifact-docq-test"
     info = build_ood_set(SCIFACT, "test", ood)
     ood_json = tmp_path / "ood.json"
