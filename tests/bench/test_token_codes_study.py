@@ -6,7 +6,7 @@ in blocks, a reused k-means; and the stateless specs coded exactly as the produc
 import numpy as np
 import pytest
 
-from bench.studies.token_codes import FittedCodec, FittedCodes
+from bench.studies.fitted_codes import FittedCodec, FittedCodes
 from index_builder.models.token_encoders import EmbedderTokens
 from index_builder.settings import CodecSpec
 from index_builder.snapshot.token_codes import TokenCodec
